@@ -1,0 +1,3 @@
+from pdmask.cli import main
+
+main()

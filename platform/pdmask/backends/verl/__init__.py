@@ -1,0 +1,1 @@
+"""VeRL backend: the verl 0.9.1 plugin, job builder, data preparation and reward."""

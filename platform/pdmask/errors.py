@@ -1,0 +1,70 @@
+"""Every exception pdmask raises on purpose, in one place.
+
+    PdmError                      base class; ``exit_code`` is what the CLI exits with
+    ├── ConfigError               bad user input (recipes, sweeps, flags); exit 2; never retried
+    │   └── ValidationFailed      many problems found at once (``.problems``), each naming file+field
+    ├── TrackingError             the MLflow store cannot be read or is incompatible; exit 2
+    ├── BackendUnavailable        a backend's optional dependencies are missing; exit 2
+    └── TrialFailed               a trial crashed (killed, OOM, NaN loss); retried by the sweep runner
+
+Code that catches ``Exception`` to keep a sweep alive must re-raise ``ConfigError``: configuration
+errors fail fast and are never retried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PdmError(Exception):
+    """Base class of every deliberate pdmask error."""
+
+    exit_code = 1
+
+
+class ConfigError(PdmError):
+    """Bad user input: a recipe, sweep, dashboard or command-line value. Never retried."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One validation problem: where it is and what is wrong."""
+
+    file: str
+    field: str
+    message: str
+    line: int | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.field}: {self.message}"
+
+
+class ValidationFailed(ConfigError):
+    """Several problems found at once; the message lists them all."""
+
+    def __init__(self, problems: list[Problem]):
+        self.problems = list(problems)
+        lines = [f"{len(self.problems)} problem(s) found, nothing was launched:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+class TrackingError(PdmError):
+    """The tracking store (MLflow) is unreadable, unreachable or incompatible."""
+
+    exit_code = 2
+
+
+class BackendUnavailable(PdmError):
+    """A backend's optional dependencies are not installed (e.g. the ``verl`` extra)."""
+
+    exit_code = 2
+
+
+class TrialFailed(PdmError):
+    """A trial crashed (killed, out of memory, NaN loss). The sweep runner retries it."""
+
+    exit_code = 1

@@ -1,0 +1,50 @@
+"""Where pdmask finds the project's files and where it writes.
+
+- The **project root** holds ``recipes/``, ``sweeps/`` and ``dashboards/``. It is ``$PDM_PROJECT``
+  if set, else the nearest folder at or above the current directory that has ``recipes/`` and
+  ``sweeps/``, else the source checkout this package was installed from (editable installs).
+- The **state folder** is ``$PDM_HOME`` if set, else ``<project root>/.pdm``. Everything pdmask
+  writes by default goes there: the sqlite MLflow store, its artifacts, checkpoints, caches,
+  figures.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _looks_like_project(path: Path) -> bool:
+    return (path / "recipes").is_dir() and (path / "sweeps").is_dir()
+
+
+def project_root() -> Path:
+    env = os.environ.get("PDM_PROJECT")
+    if env:
+        return Path(env).resolve()
+    here = Path.cwd().resolve()
+    for candidate in (here, *here.parents):
+        if _looks_like_project(candidate):
+            return candidate
+    checkout = Path(__file__).resolve().parents[2]
+    if _looks_like_project(checkout):
+        return checkout
+    return here
+
+
+def state_dir() -> Path:
+    env = os.environ.get("PDM_HOME")
+    path = Path(env).resolve() if env else project_root() / ".pdm"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def default_tracking_uri() -> str:
+    """A sqlite MLflow store inside the state folder (MLflow 3.17 refuses the plain file store)."""
+    return f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+def default_artifact_root() -> Path:
+    path = state_dir() / "mlartifacts"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
