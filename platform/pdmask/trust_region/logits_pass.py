@@ -1,0 +1,123 @@
+"""One chunked pass over the policy's logits: everything the trust-region math needs from ``[N, V]``.
+
+Why a custom autograd function: the statistics need the log-sum-exp, ``pi`` at ``K+1`` ids and
+sums of ``pi**2`` (and ``pi**3``) over the tail, in at least float32, from bf16 logits. Computing them
+with plain torch ops would materialise ``[N, V]`` float32 copies (log-softmax, probabilities) for the
+forward *and* keep them for the backward. Here rows are processed in chunks: the only extra memory is
+one ``[chunk, V]`` float32 buffer plus ``O(N * (K+1))``, and the backward recomputes each chunk's
+softmax from the saved log-sum-exp, exactly as a fused cross-entropy kernel would.
+
+Only ``logp_sampled`` (the log-probability of the sampled token) carries a gradient; every other
+output is a detached statistic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Elements of the float32 chunk buffer: ~8 MB keeps a chunk in the CPU's last-level cache, which
+# matters because every statistic is one more sweep over the chunk.
+DEFAULT_CHUNK_ELEMENTS = 2**21
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; everything else is computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def rows_per_chunk(vocab_size: int, chunk_size: int | None) -> int:
+    if chunk_size is not None:
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+        return chunk_size
+    return max(1, DEFAULT_CHUNK_ELEMENTS // max(vocab_size, 1))
+
+
+@dataclass
+class LogitsPass:
+    """Per-token results of the chunked pass (flat: ``[N]`` or ``[N, M]``)."""
+
+    logp_sampled: torch.Tensor  # [N] log pi(y), differentiable w.r.t. the logits
+    logp_support: torch.Tensor  # [N, M] log pi at the support ids (detached)
+    tail_mass: torch.Tensor  # [N] sum of pi over ids NOT in the support (exact, no cancellation)
+    tail_sum_sq: torch.Tensor  # [N] sum of pi**2 over the tail
+    tail_sum_cube: torch.Tensor | None  # [N] sum of pi**3 over the tail (second order only)
+
+
+class _ChunkedLogitsPass(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, sampled, support_ids, rows, second_order):
+        n, vocab = logits.shape
+        cdt = compute_dtype(logits.dtype)
+        m = support_ids.shape[1]
+        logp_sampled = torch.empty(n, dtype=cdt, device=logits.device)
+        logp_support = torch.empty(n, m, dtype=cdt, device=logits.device)
+        tail_mass = torch.empty(n, dtype=cdt, device=logits.device)
+        tail_sq = torch.empty(n, dtype=cdt, device=logits.device)
+        tail_cube = torch.empty(n, dtype=cdt, device=logits.device) if second_order else None
+        lse = torch.empty(n, dtype=cdt, device=logits.device)
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            x = logits[start:stop]
+            row_max = x.max(dim=-1, keepdim=True).values.to(cdt)
+            # bf16 [c, V] minus float32 [c, 1] promotes to float32 in one pass: no bf16->fp32 copy.
+            shifted = torch.sub(x, row_max)
+            ids = support_ids[start:stop]
+            z_support = shifted.gather(1, ids)
+            z_sampled = shifted.gather(1, sampled[start:stop, None]).squeeze(1)
+            exp = shifted.exp_()
+            sum_exp = exp.sum(dim=-1)
+            log_sum_exp = sum_exp.log()
+            lse[start:stop] = row_max.squeeze(1) + log_sum_exp
+            logp_support[start:stop] = z_support - log_sum_exp[:, None]
+            logp_sampled[start:stop] = z_sampled - log_sum_exp
+            # Zero the support in place: what is left is exactly the tail (no 1 - sum cancellation).
+            exp.scatter_(1, ids, 0.0)
+            tail_mass[start:stop] = exp.sum(dim=-1) / sum_exp
+            tail_sq[start:stop] = torch.linalg.vector_norm(exp, 2, dim=-1).square() / sum_exp.square()
+            if second_order:
+                tail_cube[start:stop] = torch.linalg.vector_norm(exp, 3, dim=-1).pow(3) / sum_exp.pow(3)
+        ctx.save_for_backward(logits, sampled, lse)
+        ctx.rows = rows
+        detached = [t for t in (logp_support, tail_mass, tail_sq, tail_cube) if t is not None]
+        ctx.mark_non_differentiable(*detached)
+        return logp_sampled, logp_support, tail_mass, tail_sq, tail_cube
+
+    @staticmethod
+    def backward(ctx, grad_logp, *_unused):
+        logits, sampled, lse = ctx.saved_tensors
+        if grad_logp is None:
+            return None, None, None, None, None
+        grad_logits = torch.empty_like(logits)
+        cdt = lse.dtype
+        grad_logp = grad_logp.to(cdt)
+        for start in range(0, logits.shape[0], ctx.rows):
+            stop = min(start + ctx.rows, logits.shape[0])
+            x = logits[start:stop]
+            # d log pi_k / d z = e_k - pi: recompute pi for this chunk from the saved log-sum-exp.
+            probs = torch.sub(x, lse[start:stop, None]).exp_()
+            g = grad_logp[start:stop]
+            probs.mul_(-g[:, None])
+            probs.scatter_add_(1, sampled[start:stop, None], g[:, None])
+            grad_logits[start:stop].copy_(probs)
+        return grad_logits, None, None, None, None
+
+
+def chunked_logits_pass(
+    logits: torch.Tensor,
+    sampled: torch.Tensor,
+    support_ids: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    second_order: bool = False,
+) -> LogitsPass:
+    """Run the pass on flat inputs: ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``.
+
+    Every support id must be a real vocabulary id; duplicates are allowed (a duplicate of an id
+    already in the support zeroes nothing new), which is how invalid slots are neutralised.
+    """
+    rows = rows_per_chunk(logits.shape[-1], chunk_size)
+    out = _ChunkedLogitsPass.apply(logits, sampled, support_ids, rows, second_order)
+    return LogitsPass(*out)

@@ -1,0 +1,206 @@
+"""Per-token statistics of the trust region: divergences, ratio, directional derivatives.
+
+See the package docstring for the formulas. Everything here is computed in float32 (float64 for
+float64 logits) from the chunked logits pass plus ``O(N * (K+1))`` work on the support.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from pdmask.trust_region.logits_pass import chunked_logits_pass, compute_dtype
+from pdmask.trust_region.support import SupportMode, build_support
+
+
+@dataclass
+class TokenStats:
+    """Per-token trust-region statistics, each shaped like ``sampled_ids``.
+
+    Only ``logp`` carries a gradient (to the logits); everything else is detached.
+    """
+
+    logp: torch.Tensor  # log pi(y_t): differentiable
+    mu_logp: torch.Tensor  # log mu(y_t), the behaviour log-prob of the sampled token
+    ratio: torch.Tensor  # r_t = pi(y_t) / mu(y_t)
+    kl_topk: torch.Tensor  # D_t = KL_topK(mu || pi) over S plus one tail bucket
+    tv_topk: torch.Tensor  # TV_topK(mu, pi) over S plus one tail bucket
+    kl_binary: torch.Tensor  # KL over {y_t, rest}
+    tv_binary: torch.Tensor  # TV over {y_t, rest} = |pi_k - mu_k|
+    local_term: torch.Tensor  # pi_k - mu_k (sign = sign(r - 1))
+    global_agg: torch.Tensor  # sum_S pi_i(mu_i - pi_i) + pi_tail (mu_tail - pi_tail)
+    global_uni: torch.Tensor  # ... + pi_tail (mu_tail - pi_tail) / (n - m)
+    global_bucket: torch.Tensor  # ... + rho_tail (mu_tail - pi_tail), rho_tail = sum_tail pi^2 / pi_tail
+    ddot_agg: torch.Tensor  # local_term + global_agg
+    ddot_uni: torch.Tensor  # local_term + global_uni
+    ddot_bucket: torch.Tensor  # local_term + global_bucket
+    tv_deriv_pos: torch.Tensor  # one-sided derivative of TV_topK along +v (used when A > 0)
+    tv_deriv_neg: torch.Tensor  # one-sided derivative of TV_topK along -v (used when A < 0)
+    mu_tail: torch.Tensor  # max(0, -expm1(logsumexp(log mu_S)))
+    pi_tail: torch.Tensor  # sum of pi outside S (exact)
+    mu_topk_mass: torch.Tensor  # sum_S mu_i
+    pi_topk_mass: torch.Tensor  # sum_S pi_i
+    support_size: torch.Tensor  # m = |S| (long)
+    sum_pi_sq: torch.Tensor  # sum over the whole vocabulary of pi_i^2
+    var_v: torch.Tensor | None  # Var_pi(v), the second derivative of the KL along v (opt-in)
+    vocab_size: int  # n, the logits width
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every per-token tensor by name (``var_v`` only when computed)."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                out[f.name] = value
+        return out
+
+
+def _xlogy_ratio(p: torch.Tensor, logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
+    """``p * (log p - log q)`` with ``0 * log 0 = 0`` (no NaN when p == 0)."""
+    return torch.where(p > 0, p * (logp - logq), torch.zeros_like(p))
+
+
+def _safe_log(x: torch.Tensor) -> torch.Tensor:
+    """log clamped at the dtype's smallest normal: a vanished tail gives a huge, finite D."""
+    return x.clamp_min(torch.finfo(x.dtype).tiny).log()
+
+
+def _sign_beyond_rounding(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+    """sign(a - b), but 0 where a and b agree to a few ulps of ``scale``: a kink of |a - b| is then
+    decided the same way whether mu and pi were computed along the same path or not (mu == pi).
+    Tail masses come from ``1 - mass``, so their rounding is in units of the total mass (1)."""
+    tol = 8 * torch.finfo(a.dtype).eps * scale
+    return torch.where((a - b).abs() <= tol, torch.zeros_like(a), torch.sign(a - b))
+
+
+def compute_token_stats(
+    logits: torch.Tensor,
+    sampled_ids: torch.Tensor,
+    mu_topk_ids: torch.Tensor | None,
+    mu_topk_logprobs: torch.Tensor | None,
+    mu_sampled_logprob: torch.Tensor,
+    *,
+    chunk_size: int | None = None,
+    second_order: bool = False,
+    support: SupportMode = "union",
+) -> TokenStats:
+    """All per-token statistics in one call.
+
+    Shapes: ``logits [..., V]``, ``sampled_ids [...]``, ``mu_topk_ids / mu_topk_logprobs [..., K]``
+    (``None`` for K = 0: support ``{y_t}`` plus one bucket), ``mu_sampled_logprob [...]``.
+    Returns statistics shaped ``[...]``. Padding positions are computed like any other token;
+    mask them out downstream.
+    """
+    if logits.dim() < 1 or logits.shape[:-1] != sampled_ids.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} must be sampled_ids {tuple(sampled_ids.shape)} + [V]"
+        )
+    batch_shape = sampled_ids.shape
+    vocab = logits.shape[-1]
+    cdt = compute_dtype(logits.dtype)
+    flat_logits = logits.reshape(-1, vocab)
+    sampled = sampled_ids.reshape(-1).long()
+    mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
+    topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(sampled.shape[0], -1)
+    topk_lp = None if mu_topk_logprobs is None else mu_topk_logprobs.reshape(sampled.shape[0], -1)
+
+    zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
+    sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
+    lp = chunked_logits_pass(
+        flat_logits, sampled, sup.ids, chunk_size=chunk_size, second_order=second_order
+    )
+    valid = sup.valid
+
+    # Support probabilities (0 on invalid slots).
+    logpi_s = torch.where(valid, lp.logp_support, -torch.inf)
+    logmu_s = sup.mu_logp
+    pi_s = logpi_s.exp()
+    mu_s = logmu_s.exp()
+    mu_mass = mu_s.sum(-1)
+    pi_mass = pi_s.sum(-1)
+    mu_tail = (-torch.special.expm1(torch.logsumexp(logmu_s, dim=-1))).clamp_min(0.0)
+    # An empty tail (m = n) holds nothing; what -expm1 leaves there is rounding, not mass.
+    mu_tail = torch.where(sup.size >= vocab, zero, mu_tail)
+    pi_tail = lp.tail_mass
+
+    # Divergences over S plus one tail bucket.
+    kl_topk = torch.where(valid, _xlogy_ratio(mu_s, logmu_s, logpi_s), zero).sum(-1)
+    kl_topk = kl_topk + _xlogy_ratio(mu_tail, _safe_log(mu_tail), _safe_log(pi_tail))
+    tv_topk = 0.5 * ((mu_s - pi_s).abs().sum(-1) + (mu_tail - pi_tail).abs())
+
+    # Binary view {k, rest}.
+    logp = lp.logp_sampled  # differentiable
+    logp_d = logp.detach()
+    pi_k = logp_d.exp()
+    mu_k = mu_k_logp.exp()
+    # 1 - p as -expm1(log p): no cancellation for confident tokens (p close to 1).
+    rest_mu = -torch.special.expm1(mu_k_logp)
+    # pi's mass off k as a sum of positive terms (tail + the rest of S): exact even when pi_k ~ 1.
+    is_k = sup.ids == sampled[:, None]
+    pi_rest = pi_tail + torch.where(valid & ~is_k, pi_s, zero).sum(-1)
+    log_rest_pi = _safe_log(pi_rest)
+    kl_binary = _xlogy_ratio(mu_k, mu_k_logp, logp_d) + _xlogy_ratio(rest_mu, _safe_log(rest_mu), log_rest_pi)
+    tv_binary = (pi_k - mu_k).abs()
+    ratio = (logp_d - mu_k_logp).exp()
+
+    # First-order direction: Ddot = (pi_k - mu_k) + sum_i pi_i (mu_i - pi_i), estimated on S + tail.
+    local = pi_k - mu_k
+    sigma = torch.where(valid, pi_s * (mu_s - pi_s), zero).sum(-1)
+    tail_gap = mu_tail - pi_tail
+    unseen = (vocab - sup.size).to(cdt)
+    global_agg = sigma + pi_tail * tail_gap
+    global_uni = sigma + torch.where(unseen > 0, pi_tail * tail_gap / unseen.clamp_min(1), zero)
+    rho_tail = torch.where(pi_tail > 0, lp.tail_sum_sq / pi_tail.clamp_min(torch.finfo(cdt).tiny), zero)
+    global_bucket = sigma + rho_tail * tail_gap
+
+    # TV derivative along +-v: dpi_i = pi_i (v_i - vbar), vbar = pi_k - sum pi^2.
+    sum_pi_sq = (pi_s * pi_s).sum(-1) + lp.tail_sum_sq
+    vbar = pi_k - sum_pi_sq
+    v_s = is_k.to(cdt) - pi_s
+    dpi_s = torch.where(valid, pi_s * (v_s - vbar[:, None]), zero)
+    dpi_tail = -lp.tail_sum_sq - pi_tail * vbar
+    sign_s = _sign_beyond_rounding(pi_s, mu_s, torch.maximum(pi_s, mu_s))
+    sign_tail = _sign_beyond_rounding(pi_tail, mu_tail, 1.0)
+    smooth = (sign_s * dpi_s).sum(-1) + sign_tail * dpi_tail
+    # A bucket exactly at a kink (pi_i == mu_i) contributes |dpi_i| in either direction.
+    kink = torch.where(valid & (sign_s == 0), dpi_s.abs(), zero).sum(-1)
+    kink = kink + torch.where(sign_tail == 0, dpi_tail.abs(), zero)
+    tv_deriv_pos = 0.5 * (smooth + kink)
+    tv_deriv_neg = 0.5 * (-smooth + kink)
+
+    var_v = None
+    if second_order:
+        sum_pi_cube = (pi_s * pi_s * pi_s).sum(-1) + lp.tail_sum_cube
+        # >= 0 exactly (a variance); clamp what cancellation leaves below zero for peaked pi.
+        var_v = (pi_k - 2 * pi_k * pi_k + sum_pi_cube - vbar * vbar).clamp_min(0.0)
+
+    def shaped(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(batch_shape)
+
+    return TokenStats(
+        logp=shaped(logp),
+        mu_logp=shaped(mu_k_logp),
+        ratio=shaped(ratio),
+        kl_topk=shaped(kl_topk),
+        tv_topk=shaped(tv_topk),
+        kl_binary=shaped(kl_binary),
+        tv_binary=shaped(tv_binary),
+        local_term=shaped(local),
+        global_agg=shaped(global_agg),
+        global_uni=shaped(global_uni),
+        global_bucket=shaped(global_bucket),
+        ddot_agg=shaped(local + global_agg),
+        ddot_uni=shaped(local + global_uni),
+        ddot_bucket=shaped(local + global_bucket),
+        tv_deriv_pos=shaped(tv_deriv_pos),
+        tv_deriv_neg=shaped(tv_deriv_neg),
+        mu_tail=shaped(mu_tail),
+        pi_tail=shaped(pi_tail),
+        mu_topk_mass=shaped(mu_mass),
+        pi_topk_mass=shaped(pi_mass),
+        support_size=shaped(sup.size),
+        sum_pi_sq=shaped(sum_pi_sq),
+        var_v=shaped(var_v),
+        vocab_size=vocab,
+    )
