@@ -1,0 +1,114 @@
+"""From cell curves to what is drawn (panels of lines) and to the plotted-data CSV rows."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pdmask.figures.cells import CellCurves
+from pdmask.figures.render import Line, Panel, StopMark
+from pdmask.figures.runs import Selection
+from pdmask.figures.series import aggregate_seeds
+from pdmask.figures.spec import BandSpec, FigureSpec
+from pdmask.figures.styles import MethodStyle
+
+
+def _line(method: str, cell: CellCurves, band: BandSpec) -> Line | None:
+    if not any(len(c) for c in cell.smoothed):
+        return None
+    stops = [
+        StopMark(int(c.steps[-1]), float(c.values[-1]), r.run_id, r.seed, r.status)
+        for r, c in zip(cell.runs, cell.smoothed, strict=True)
+        if r.stopped and len(c)
+    ]
+    return Line(method, aggregate_seeds(cell.smoothed, band), stops)
+
+
+def make_panels(
+    spec: FigureSpec,
+    selection: Selection,
+    cells: Mapping[tuple[str, str], CellCurves],
+    band: BandSpec,
+    styles: Mapping[str, MethodStyle],
+) -> list[Panel]:
+    """One panel per setting, with a note for every missing cell, running or mixed run."""
+    panels = []
+    for p in spec.panels:
+        panel = Panel(p.title)
+        missing, running = [], 0
+        for method in spec.methods:
+            cell = cells.get((p.key, method))
+            line = _line(method, cell, band) if cell else None
+            if line is None:
+                missing.append(styles[method].display_name)
+                continue
+            panel.lines.append(line)
+            running += sum(r.status == "RUNNING" for r in cell.runs)
+        if not panel.lines:
+            panel.notes.append(f"no runs for this setting\n({p.model}, {p.precision})")
+        elif missing:
+            panel.notes.append("no data: " + ", ".join(missing))
+        if running:
+            panel.notes.append(f"{running} run(s) still running")
+        backends = {
+            r.tag("backend")
+            for (key, _), runs in selection.cells.items()
+            if key == p.key
+            for r in runs
+        }
+        if len(backends) > 1:
+            panel.notes.append("mixes backends: " + ", ".join(sorted(backends)))
+        panels.append(panel)
+    return panels
+
+
+def plotted_rows(figure: str, metric: str, keys: list[str], panels: list[Panel]) -> list[dict]:
+    """The exact plotted data: the seed means with their band, then the stop markers."""
+    rows: list[dict] = []
+    nan = float("nan")
+    for key, panel in zip(keys, panels, strict=True):
+        for line in panel.lines:
+            agg = line.aggregate
+            base = {"figure": figure, "setting": key, "metric": metric, "method": line.method}
+            for i in range(len(agg)):
+                rows.append(
+                    {
+                        **base,
+                        "series": "mean",
+                        "step": int(agg.steps[i]),
+                        "value": agg.mean[i],
+                        "band_lower": agg.lower[i],
+                        "band_upper": agg.upper[i],
+                        "n_seeds": int(agg.n_seeds[i]),
+                        "sd": agg.sd[i],
+                        "run_id": "",
+                        "seed": "",
+                        "status": "",
+                    }
+                )
+            for stop in line.stops:
+                rows.append(
+                    {
+                        **base,
+                        "series": "stop",
+                        "step": stop.step,
+                        "value": stop.value,
+                        "band_lower": nan,
+                        "band_upper": nan,
+                        "n_seeds": 1,
+                        "sd": nan,
+                        "run_id": stop.run_id,
+                        "seed": stop.seed,
+                        "status": stop.status,
+                    }
+                )
+    return rows
+
+
+def seed_count_text(panels: list[Panel]) -> str:
+    """'3 seeds', or '2–3 seeds' when lines rest on different numbers of seeds."""
+    counts = sorted({int(line.aggregate.n_seeds.max()) for p in panels for line in p.lines})
+    if not counts:
+        return "no seeds"
+    if len(counts) == 1:
+        return f"{counts[0]} seed{'s' if counts[0] != 1 else ''}"
+    return f"{counts[0]}–{counts[-1]} seeds"

@@ -1,0 +1,354 @@
+"""Drawing: a grid of panels, one line per method (seed mean), a band, stop markers, one legend.
+
+Uses matplotlib's object API (``matplotlib.figure.Figure``), never pyplot, so building a figure
+touches no global backend state and works in any process (CLI, sweep runner, notebook). Fonts
+are embedded as TrueType (``pdf.fonttype`` 42) so the PDF stays editable and searchable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib as mpl
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
+from matplotlib.ticker import (
+    FuncFormatter,
+    LogLocator,
+    MaxNLocator,
+    NullLocator,
+    ScalarFormatter,
+)
+
+from pdmask.figures.series import SeedAggregate
+from pdmask.figures.spec import LayoutSpec
+from pdmask.figures.styles import MethodStyle
+
+BAND_ALPHA = 0.18
+NOTE_GREY = "#707070"
+
+
+@dataclass(frozen=True)
+class StopMark:
+    """Where a failed/killed/collapsed run ended, on its own (smoothed) curve."""
+
+    step: int
+    value: float
+    run_id: str
+    seed: str
+    status: str
+
+
+@dataclass
+class Line:
+    method: str
+    aggregate: SeedAggregate
+    stops: list[StopMark] = field(default_factory=list)
+
+
+@dataclass
+class Panel:
+    """Everything drawn in one axes."""
+
+    title: str
+    lines: list[Line] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class GridStyle:
+    styles: Mapping[str, MethodStyle]
+    linestyles: Mapping[str, str]
+    methods: Sequence[str]  # legend order
+    layout: LayoutSpec
+    band_label: str  # legend entry of the shaded band, e.g. "±1 sd over 3 seeds"
+
+
+def _rc(layout: LayoutSpec) -> dict:
+    size = layout.font_size
+    return {
+        "font.family": "DejaVu Sans",
+        "font.size": size,
+        "axes.titlesize": size + 0.5,
+        "axes.labelsize": size,
+        "xtick.labelsize": size - 1,
+        "ytick.labelsize": size - 1,
+        "legend.fontsize": size,
+        "axes.linewidth": 0.6,
+        "xtick.major.width": 0.6,
+        "ytick.major.width": 0.6,
+        "xtick.major.size": 2.5,
+        "ytick.major.size": 2.5,
+        "pdf.fonttype": 42,
+        "ps.fonttype": 42,
+        "savefig.dpi": layout.dpi,
+    }
+
+
+def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
+    """Draw one panel; True when it shows a stop marker."""
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.grid(True, linewidth=0.4, alpha=0.35)
+    ax.set_title(panel.title, pad=3)
+    has_stop = False
+    if not panel.lines:
+        ax.set_xticks([])
+        ax.set_yticks([])
+        ax.text(
+            0.5,
+            0.5,
+            "\n".join(panel.notes) or "no runs",
+            transform=ax.transAxes,
+            ha="center",
+            va="center",
+            color=NOTE_GREY,
+            wrap=True,
+        )
+        return False
+    for line in panel.lines:
+        agg = line.aggregate
+        color = style.styles[line.method].color
+        band = np.isfinite(agg.lower) & np.isfinite(agg.upper)
+        if band.any():
+            ax.fill_between(
+                agg.steps,
+                agg.lower,
+                agg.upper,
+                where=band,
+                color=color,
+                alpha=BAND_ALPHA,
+                linewidth=0,
+                interpolate=False,
+            )
+        ax.plot(
+            agg.steps,
+            agg.mean,
+            color=color,
+            linewidth=1.3,
+            linestyle=style.linestyles.get(line.method, "-"),
+            marker="o" if len(agg) == 1 else None,
+            markersize=3,
+        )
+        for stop in line.stops:
+            ax.plot(
+                [stop.step],
+                [stop.value],
+                linestyle="none",
+                marker="X",
+                markersize=6,
+                markerfacecolor=color,
+                markeredgecolor="black",
+                markeredgewidth=0.6,
+                zorder=5,
+            )
+            has_stop = True
+    ax.xaxis.set_major_locator(MaxNLocator(5, integer=True, steps=[1, 2, 2.5, 5, 10]))
+    if yscale == "log":
+        # 1-2-5 major ticks: diagnostics often span less than a decade, where plain decade
+        # ticks would leave the axis unlabelled; minor ticks stay unlabelled (mathtext is slow).
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0), numticks=8))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.yaxis.set_minor_locator(NullLocator())
+    elif yscale == "symlog":
+        ax.set_yscale("symlog", linthresh=1e-3)
+    else:
+        ax.yaxis.set_major_locator(MaxNLocator(5))
+        formatter = ScalarFormatter(useMathText=True)
+        formatter.set_powerlimits((-3, 4))  # only tiny values get a "×10⁻⁴" offset
+        ax.yaxis.set_major_formatter(formatter)
+    if panel.notes:
+        ax.text(
+            0.98,
+            0.03,
+            "\n".join(panel.notes),
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            color=NOTE_GREY,
+            fontsize=style.layout.font_size - 1.5,
+        )
+    return has_stop
+
+
+@dataclass(frozen=True)
+class _Margins:
+    """Fixed margins in inches: a deterministic layout, much cheaper than constrained layout."""
+
+    left: float = 0.62  # y label + tick labels of the first column
+    right: float = 0.12
+    col_gap: float = 0.42  # tick labels of the next column
+    row_gap: float = 0.30  # x tick labels of the row above
+    title: float = 0.17  # one line of panel titles
+    legend_row: float = 0.22
+    top_pad: float = 0.06
+    x_label: float = 0.42  # x tick labels + x label under the last row
+    footnote: float = 0.16
+
+
+def _legend_handles(style: GridStyle, any_stop: bool) -> tuple[list, list]:
+    methods = [
+        Line2D(
+            [],
+            [],
+            color=style.styles[m].color,
+            linewidth=1.6,
+            linestyle=style.linestyles.get(m, "-"),
+            label=style.styles[m].display_name,
+        )
+        for m in style.methods
+    ]
+    extras = []
+    if style.band_label:
+        extras.append(
+            Patch(facecolor="#888888", alpha=BAND_ALPHA * 2, linewidth=0, label=style.band_label)
+        )
+    if any_stop:
+        extras.append(
+            Line2D(
+                [],
+                [],
+                linestyle="none",
+                marker="X",
+                markersize=6,
+                markerfacecolor="white",
+                markeredgecolor="black",
+                markeredgewidth=0.8,
+                label="run failed / collapsed",
+            )
+        )
+    return methods, extras
+
+
+def _legend_layout(methods: list, extras: list, fits_one_row: bool) -> tuple[list, int]:
+    """Handles in fill order and the column count: one row, or methods over extras."""
+    if fits_one_row or not extras:
+        return methods + extras, len(methods) + len(extras)
+    cols = max(len(methods), len(extras))
+    blank = Line2D([], [], alpha=0.0, label=" ")
+    rows = [methods + [blank] * (cols - len(methods)), extras + [blank] * (cols - len(extras))]
+    # matplotlib fills legends column by column: interleave so that it reads row by row.
+    return [rows[r][c] for c in range(cols) for r in range(2)], cols
+
+
+def draw_grid(
+    grid: Sequence[Sequence[Panel | None]],
+    style: GridStyle,
+    *,
+    row_labels: Sequence[str],
+    yscales: Sequence[str],
+    x_label: str,
+    title: str = "",
+    footnote: str = "",
+) -> Figure:
+    """A figure of ``len(grid)`` rows of panels (``None`` = an unused slot) and one legend."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    n_rows, n_cols = len(grid), max(len(row) for row in grid)
+    layout, m = style.layout, _Margins()
+    scale = layout.font_size / 8.0  # margins hold text, so they grow with the font
+    title_lines = [
+        max((p.title.count("\n") + 1 for p in row if p is not None and p.title), default=0)
+        for row in grid
+    ]
+    width = (
+        (m.left + m.right) * scale + n_cols * layout.panel_width + (n_cols - 1) * m.col_gap * scale
+    )
+    with mpl.rc_context(_rc(layout)):
+        fig = Figure()
+        FigureCanvasAgg(fig)  # a renderer to measure the legend, without pyplot
+        any_stop = False
+        axes = []
+        for r, row in enumerate(grid):
+            axes.append([])
+            for c in range(n_cols):
+                panel = row[c] if c < len(row) else None
+                ax = fig.add_axes((0, 0, 1, 1)) if panel is not None else None
+                axes[r].append(ax)
+                if ax is None:
+                    continue
+                any_stop |= _draw_panel(ax, panel, style, yscales[r])
+                if c == 0:
+                    ax.set_ylabel(row_labels[r])
+        methods, extras = _legend_handles(style, any_stop)
+        legend = fig.legend(
+            handles=methods + extras,
+            ncol=len(methods) + len(extras),
+            frameon=False,
+            handlelength=1.8,
+            columnspacing=1.2,
+        )
+        fig.set_size_inches(width, 4.0)
+        one_row = legend.get_window_extent(fig.canvas.get_renderer()).width <= width * fig.dpi
+        legend.remove()
+        handles, ncol = _legend_layout(methods, extras, one_row)
+        legend_rows = 1 if ncol == len(handles) else 2
+
+        top = m.top_pad + legend_rows * m.legend_row + (m.title + 0.10 if title else 0.0)
+        bottom = m.x_label + (m.footnote if footnote else 0.0)
+        gaps = [m.row_gap + m.title * title_lines[r] for r in range(1, n_rows)]
+        head = m.title * title_lines[0]
+        height = (top + head + bottom + sum(gaps)) * scale + n_rows * layout.panel_height
+        fig.set_size_inches(width, height)
+        y = height - (top + head) * scale
+        for r in range(n_rows):
+            if r:
+                y -= gaps[r - 1] * scale
+            y -= layout.panel_height
+            for c, ax in enumerate(axes[r]):
+                if ax is None:
+                    continue
+                x = m.left * scale + c * (layout.panel_width + m.col_gap * scale)
+                ax.set_position(
+                    (
+                        x / width,
+                        y / height,
+                        layout.panel_width / width,
+                        layout.panel_height / height,
+                    )
+                )
+        center = (m.left * scale + (width - m.right * scale)) / 2 / width
+        legend_top = 1 - (m.top_pad + (m.title + 0.10 if title else 0.0)) * scale / height
+        fig.legend(
+            handles=handles,
+            ncol=ncol,
+            loc="upper center",
+            frameon=False,
+            bbox_to_anchor=(center, legend_top),
+            handlelength=1.8,
+            columnspacing=1.2,
+            borderaxespad=0.0,
+            borderpad=0.0,
+        )
+        if title:
+            fig.text(
+                center,
+                1 - m.top_pad * scale / height,
+                title,
+                ha="center",
+                va="top",
+                fontsize=layout.font_size + 1.5,
+            )
+        label_y = ((m.footnote if footnote else 0.0) + 0.04) * scale / height
+        fig.text(center, label_y, x_label, ha="center", va="bottom")
+        if footnote:
+            fig.text(
+                0.01,
+                0.03 * scale / height,
+                footnote,
+                ha="left",
+                va="bottom",
+                color=NOTE_GREY,
+                fontsize=layout.font_size - 1.5,
+            )
+    return fig
+
+
+def save(fig: Figure, png: Path, pdf: Path, layout: LayoutSpec) -> None:
+    with mpl.rc_context(_rc(layout)):
+        fig.savefig(png, dpi=layout.dpi)
+        fig.savefig(pdf, metadata={"Creator": "pdmask", "CreationDate": None})

@@ -1,0 +1,171 @@
+"""Which MLflow runs feed a figure: listing a sweep's runs and sorting them into cells.
+
+Reads only through ``MlflowClient.search_runs``. A *cell* is one (panel, method) pair; its runs
+are the seeds. Runs are matched by tags (design contract), never by run name:
+``pdm.model`` + ``pdm.precision`` select the panel, ``pdm.method`` the line, ``pdm.seed`` pairs
+methods in the summary.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pdmask.errors import ConfigError, TrackingError
+from pdmask.figures.spec import FigureSpec
+
+TERMINAL = frozenset({"FINISHED", "FAILED", "KILLED"})
+STOPPED = frozenset({"FAILED", "KILLED"})
+# When two runs claim the same (panel, method, seed), the one with the best status is drawn.
+_STATUS_RANK = {"FINISHED": 0, "RUNNING": 1, "SCHEDULED": 2, "FAILED": 3, "KILLED": 4}
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What the figure needs to know about one MLflow run (one trial)."""
+
+    run_id: str
+    status: str
+    start_time: int | None
+    end_time: int | None
+    tags: Mapping[str, str]
+    metric_keys: frozenset[str]
+
+    def tag(self, name: str) -> str:
+        return self.tags.get(f"pdm.{name}", "")
+
+    @property
+    def method(self) -> str:
+        return self.tag("method")
+
+    @property
+    def seed(self) -> str:
+        return self.tag("seed")
+
+    @property
+    def stopped(self) -> bool:
+        """Failed, killed, or tagged as collapsed by the trainer: drawn up to its end and marked."""
+        return self.status in STOPPED or self.tag("collapsed").lower() in {"1", "true", "yes"}
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL
+
+
+def open_client(tracking_uri: str):
+    """An MlflowClient for ``tracking_uri``; a missing sqlite file is an error, not a new store."""
+    parsed = urlparse(tracking_uri)
+    if parsed.scheme == "sqlite":
+        db = tracking_uri.split("sqlite:///", 1)[-1]
+        if db and db != ":memory:" and not Path(db).exists():
+            raise TrackingError(f"no MLflow store at {tracking_uri} (nothing has been run yet?)")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+def list_runs(client, sweep: str) -> list[RunRecord]:
+    """Every active run of the sweep's experiment (all pages)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        experiment = client.get_experiment_by_name(sweep)
+    except MlflowException as err:
+        raise TrackingError(f"cannot read the MLflow store: {err}") from err
+    if experiment is None:
+        raise ConfigError(
+            f"no MLflow experiment named {sweep!r} in this store; run `pdm sweep {sweep}` first "
+            "or pass --sweep / --tracking-uri"
+        )
+    records: list[RunRecord] = []
+    token = None
+    try:
+        while True:
+            page = client.search_runs(
+                [experiment.experiment_id], max_results=1000, page_token=token
+            )
+            records.extend(
+                RunRecord(
+                    run_id=r.info.run_id,
+                    status=r.info.status,
+                    start_time=r.info.start_time,
+                    end_time=r.info.end_time,
+                    tags=dict(r.data.tags),
+                    metric_keys=frozenset(r.data.metrics),
+                )
+                for r in page
+            )
+            token = page.token
+            if not token:
+                break
+    except MlflowException as err:
+        raise TrackingError(f"cannot list the runs of {sweep!r}: {err}") from err
+    return records
+
+
+def _delta_matches(tag: str, wanted: float) -> bool:
+    try:
+        value = float(tag)
+    except ValueError:
+        return True  # no numeric delta: a method without a delta (e.g. the ratio clip)
+    return not math.isfinite(value) or math.isclose(value, wanted, rel_tol=1e-6, abs_tol=1e-9)
+
+
+@dataclass
+class Selection:
+    """Runs sorted into cells, plus what was left out and why (for the manifest)."""
+
+    cells: dict[tuple[str, str], list[RunRecord]] = field(default_factory=dict)
+    superseded: list[tuple[RunRecord, str]] = field(default_factory=list)  # (run, kept run id)
+    ignored: dict[str, int] = field(default_factory=dict)  # reason -> count
+
+    def runs(self) -> list[RunRecord]:
+        return [r for runs in self.cells.values() for r in runs]
+
+
+def select_runs(spec: FigureSpec, runs: list[RunRecord]) -> Selection:
+    """Sort a sweep's runs into (panel key, method) cells, one run per seed."""
+    selection = Selection()
+    panels = {(p.model, p.precision): p for p in spec.panels}
+    methods = set(spec.methods)
+
+    def skip(reason: str) -> None:
+        selection.ignored[reason] = selection.ignored.get(reason, 0) + 1
+
+    by_seed: dict[tuple[str, str, str], list[RunRecord]] = {}
+    for run in runs:
+        if spec.delta is not None and not _delta_matches(run.tag("delta"), spec.delta):
+            skip("other delta")
+        elif spec.backend is not None and run.tag("backend") != spec.backend:
+            skip("other backend")
+        elif any(run.tags.get(k) != v for k, v in spec.tags.items()):
+            skip("tag filter")
+        elif run.method not in methods:
+            skip("method not in figure")
+        elif (run.tag("model"), run.tag("precision")) not in panels:
+            skip("setting not in figure")
+        else:
+            panel = panels[(run.tag("model"), run.tag("precision"))]
+            if any(run.tags.get(k) != v for k, v in panel.tags.items()):
+                skip("panel tag filter")
+                continue
+            seed = run.seed or run.run_id  # untagged seeds never collapse into one
+            by_seed.setdefault((panel.key, run.method, seed), []).append(run)
+
+    for (panel_key, method, _seed), candidates in by_seed.items():
+        # Best status first, then the most recent start: a retried trial replaces its failure.
+        candidates.sort(key=lambda r: (_STATUS_RANK.get(r.status, 9), -(r.start_time or 0)))
+        kept = candidates[0]
+        selection.cells.setdefault((panel_key, method), []).append(kept)
+        selection.superseded.extend((r, kept.run_id) for r in candidates[1:])
+    for runs_in_cell in selection.cells.values():
+        runs_in_cell.sort(key=_seed_order)
+    return selection
+
+
+def _seed_order(run: RunRecord) -> tuple:
+    seed = run.seed
+    return (0, int(seed), "") if seed.lstrip("-").isdigit() else (1, 0, seed)

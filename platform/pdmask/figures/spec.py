@@ -1,0 +1,336 @@
+"""Figure specs: the typed shape of a ``dashboards/<name>.yaml`` file and its loader.
+
+A spec says which MLflow runs feed a figure (sweep, delta, panels selected by the ``pdm.model`` and
+``pdm.precision`` tags, methods), what is plotted (the evaluation metric pattern, smoothing, the
+band over seeds), the paired comparison for the summary table and the companion diagnostics
+figure. Files are read with ``yaml.safe_load`` (no Python tags) and validated with pydantic;
+every problem is reported at once, each naming the file, the field and, where known, the line.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from pdmask.errors import ConfigError, Problem, ValidationFailed
+from pdmask.paths import project_root
+
+SPEC_SUFFIXES = (".yaml", ".yml")
+
+
+class _Strict(BaseModel):
+    """Base for spec models: unknown keys are errors (a typo must not be silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SmoothingSpec(_Strict):
+    """Smoothing applied to each seed's curve *before* the seeds are averaged."""
+
+    kind: Literal["none", "ema", "rolling"] = Field(
+        "none",
+        description="none: raw points; ema: debiased exponential moving average over points "
+        "(TensorBoard's smoothing); rolling: trailing mean over `window` points.",
+    )
+    weight: float = Field(
+        0.6,
+        ge=0.0,
+        lt=1.0,
+        description="ema only: weight on the past, in [0, 1); 0 means no smoothing.",
+    )
+    window: int = Field(5, ge=1, description="rolling only: number of points in the trailing mean.")
+
+    def describe(self) -> str:
+        if self.kind == "ema" and self.weight > 0:
+            return f"EMA smoothing (weight {self.weight:g}) per seed"
+        if self.kind == "rolling" and self.window > 1:
+            return f"trailing mean over {self.window} points per seed"
+        return ""
+
+
+class BandSpec(_Strict):
+    """The shaded band around the seed mean."""
+
+    kind: Literal["sd", "bootstrap", "none"] = Field(
+        "sd",
+        description="sd: mean ± 1 sample standard deviation over seeds (ddof=1); bootstrap: a "
+        "percentile bootstrap confidence interval of the mean over seeds; none: no band.",
+    )
+    level: float = Field(
+        0.95, gt=0.0, lt=1.0, description="bootstrap only: confidence level of the interval."
+    )
+    resamples: int = Field(
+        2000, ge=100, le=20_000, description="bootstrap only: number of resamples of the seeds."
+    )
+    seed: int = Field(0, description="bootstrap only: random seed, so a rebuild is identical.")
+
+    def describe(self, seeds: str = "seeds") -> str:
+        """Legend text of the band, e.g. '±1 sd over 3 seeds'."""
+        if self.kind == "sd":
+            return f"±1 sd over {seeds}"
+        if self.kind == "bootstrap":
+            return f"{self.level:.0%} bootstrap CI of the mean, {seeds}"
+        return "no band"
+
+
+class MetricSpec(_Strict):
+    """The plotted evaluation metric: the mean over every dataset whose metric name matches."""
+
+    pattern: str = Field(
+        "val-core/*/acc/mean_at_16",
+        description="MLflow metric name with exactly one `*` standing for the dataset name (one "
+        "path segment). The plotted value at a step is the mean over the matching datasets "
+        "present at that step. `@` is accepted and matched as MLflow's sanitised `_at_`.",
+    )
+    label: str = Field("avg@16", description="Y-axis label (datasets are appended).")
+    dataset_labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Display names of datasets in the axis label, e.g. aime24: AIME24.",
+    )
+    description: str = Field(
+        "the mean over datasets matching `val-core/*/acc/mean_at_16`",
+        description="One sentence saying what the y value is; copied into the manifest.",
+    )
+
+
+class PanelSpec(_Strict):
+    """One panel = one training setting, selected by the model and precision tags of the runs."""
+
+    key: str = Field(description="Short id of the setting (e.g. 4b-bf16); used in the CSV files.")
+    title: str = Field(description="Panel title as printed on the figure.")
+    model: str = Field(description="Runs whose `pdm.model` tag equals this (e.g. qwen3-4b-base).")
+    precision: str = Field(
+        description="Runs whose `pdm.precision` tag equals this (bf16, fp8-e2e, fp8-rollout)."
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="Further exact tag matches this panel's runs must have."
+    )
+
+
+class DiagnosticMetricSpec(_Strict):
+    """One row of the diagnostics figure."""
+
+    name: str = Field(description="MLflow metric name, e.g. actor/pdm/masked_frac.")
+    label: str = Field(description="Row label printed on the y axis.")
+    yscale: Literal["linear", "log", "symlog"] = Field(
+        "linear", description="Y scale of the row; log suits fractions spanning decades."
+    )
+
+
+class DiagnosticsSpec(_Strict):
+    """The companion figure: training diagnostics per method (lines) and setting (columns)."""
+
+    metrics: list[DiagnosticMetricSpec] = Field(
+        min_length=1, description="Rows of the figure, top to bottom."
+    )
+    smoothing: SmoothingSpec = Field(
+        default_factory=lambda: SmoothingSpec(kind="ema", weight=0.8),
+        description="Per-seed smoothing of the (noisy, per-step) training diagnostics.",
+    )
+    band: BandSpec | None = Field(
+        None, description="Band over seeds; when omitted the main figure's band is used."
+    )
+
+
+class PairedSpec(_Strict):
+    """The summary table's paired comparison: each method minus the baseline, seed by seed."""
+
+    baseline: str = Field(description="Recipe name of the reference method (dppo-topk-kl).")
+    methods: list[str] = Field(
+        min_length=1, description="Recipe names compared against the baseline."
+    )
+    level: float = Field(
+        0.95, gt=0.0, lt=1.0, description="Confidence level of the t-intervals in the summary."
+    )
+
+
+class LayoutSpec(_Strict):
+    """Physical size and typography; the defaults suit a full-width figure in a paper."""
+
+    columns: int = Field(4, ge=1, le=8, description="Panels per row.")
+    panel_width: float = Field(1.9, gt=0.5, le=8.0, description="Width of one panel, inches.")
+    panel_height: float = Field(1.7, gt=0.5, le=8.0, description="Height of one panel, inches.")
+    font_size: float = Field(8.0, ge=5.0, le=16.0, description="Base font size, points.")
+    dpi: int = Field(300, ge=72, le=600, description="Resolution of the PNG.")
+
+
+class FigureSpec(_Strict):
+    """A declarative figure: which runs, which metric, how they are drawn and summarised."""
+
+    name: str = Field(description="Figure name; must equal the file name without .yaml.")
+    title: str = Field("", description="Optional title printed above the panels.")
+    description: str = Field("", description="What the figure shows; copied into the manifest.")
+    sweep: str = Field(description="Default sweep (= MLflow experiment name) read by this figure.")
+    delta: float | None = Field(
+        None,
+        gt=0.0,
+        description="Keep runs whose `pdm.delta` tag equals this (numerically). Runs without "
+        "a numeric delta tag (methods that have no delta) are kept.",
+    )
+    backend: str | None = Field(
+        None, description="Keep only runs whose `pdm.backend` tag equals this (sim or verl)."
+    )
+    tags: dict[str, str] = Field(
+        default_factory=dict, description="Further exact tag matches required of every run."
+    )
+    methods: list[str] = Field(
+        min_length=1, description="Recipe names drawn, in legend order (the `pdm.method` tag)."
+    )
+    linestyles: dict[str, str] = Field(
+        default_factory=dict,
+        description="Optional matplotlib line style per method, e.g. pdm-uni: dashed, to tell "
+        "apart methods expected to overlap.",
+    )
+    panels: list[PanelSpec] = Field(min_length=1, description="Panels, left to right.")
+    metric: MetricSpec = Field(default_factory=MetricSpec, description="The plotted metric.")
+    x_label: str = Field("Training step", description="X-axis label.")
+    smoothing: SmoothingSpec = Field(
+        default_factory=SmoothingSpec, description="Per-seed smoothing before averaging."
+    )
+    band: BandSpec = Field(default_factory=BandSpec, description="Band around the seed mean.")
+    paired: PairedSpec | None = Field(
+        None, description="Paired comparison against a baseline in the summary table."
+    )
+    diagnostics: DiagnosticsSpec | None = Field(
+        None, description="Companion diagnostics figure; omitted when absent."
+    )
+    layout: LayoutSpec = Field(default_factory=LayoutSpec, description="Size and typography.")
+
+
+_LINESTYLES = {"solid", "dashed", "dashdot", "dotted", "-", "--", "-.", ":"}
+
+
+def _cross_field_problems(spec: FigureSpec, file: str) -> list[Problem]:
+    """Consistency checks that span fields; all are collected, not just the first."""
+    problems: list[Problem] = []
+    if spec.name != Path(file).stem:
+        problems.append(Problem(file, "name", f"is {spec.name!r} but the file is {file!r}"))
+    seen: set[str] = set()
+    for i, panel in enumerate(spec.panels):
+        if panel.key in seen:
+            problems.append(Problem(file, f"panels.{i}.key", f"duplicate panel key {panel.key!r}"))
+        seen.add(panel.key)
+    if len(set(spec.methods)) != len(spec.methods):
+        problems.append(Problem(file, "methods", "lists a method twice"))
+    for method, style in spec.linestyles.items():
+        if method not in spec.methods:
+            problems.append(Problem(file, f"linestyles.{method}", "is not one of `methods`"))
+        if style not in _LINESTYLES:
+            problems.append(
+                Problem(file, f"linestyles.{method}", f"{style!r} is not one of {_LINESTYLES}")
+            )
+    if spec.metric.pattern.count("*") != 1:
+        problems.append(
+            Problem(file, "metric.pattern", "must contain exactly one `*` (the dataset name)")
+        )
+    if spec.paired is not None:
+        if spec.paired.baseline not in spec.methods:
+            problems.append(Problem(file, "paired.baseline", "is not one of `methods`"))
+        for j, method in enumerate(spec.paired.methods):
+            if method not in spec.methods:
+                problems.append(Problem(file, f"paired.methods.{j}", f"{method!r} not in methods"))
+            if method == spec.paired.baseline:
+                problems.append(Problem(file, f"paired.methods.{j}", "is the baseline itself"))
+    if spec.delta is not None and not math.isfinite(spec.delta):
+        problems.append(Problem(file, "delta", "must be a finite number"))
+    return problems
+
+
+def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
+    """1-based line of the YAML node at ``loc`` (or of its deepest existing parent)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
+            if match is None:
+                match = next((k for k, _ in node.value if getattr(k, "value", None) == part), None)
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            match = node.value[part] if part < len(node.value) else None
+        else:
+            match = None
+        if match is None:
+            break
+        node = match
+        line = node.start_mark.line + 1
+    return line
+
+
+def parse_spec(text: str, file: str) -> FigureSpec:
+    """Validate the YAML text of a spec; raise ``ValidationFailed`` listing every problem."""
+    try:
+        data = yaml.safe_load(text)
+        tree = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise ValidationFailed([Problem(file, "(yaml)", str(err).splitlines()[0], line)]) from err
+    if not isinstance(data, dict):
+        raise ValidationFailed([Problem(file, "(top level)", "must be a mapping of fields")])
+    data.setdefault("name", Path(file).stem)
+    try:
+        spec = FigureSpec.model_validate(data)
+    except ValidationError as err:
+        problems = [
+            Problem(
+                file,
+                ".".join(str(p) for p in e["loc"]) or "(top level)",
+                e["msg"],
+                _line_of(tree, tuple(e["loc"])),
+            )
+            for e in err.errors()
+        ]
+        raise ValidationFailed(problems) from None
+    problems = _cross_field_problems(spec, file)
+    if problems:
+        for k, p in enumerate(problems):
+            loc = tuple(int(s) if s.isdigit() else s for s in re.split(r"\.", p.field))
+            problems[k] = Problem(p.file, p.field, p.message, _line_of(tree, loc))
+        raise ValidationFailed(problems)
+    return spec
+
+
+def dashboards_dir() -> Path:
+    """The project's ``dashboards/`` folder."""
+    return project_root() / "dashboards"
+
+
+def available_specs(directory: Path | None = None) -> list[str]:
+    """Names of the figure specs in ``dashboards/`` (sorted)."""
+    directory = directory or dashboards_dir()
+    if not directory.is_dir():
+        return []
+    return sorted({p.stem for p in directory.iterdir() if p.suffix in SPEC_SUFFIXES})
+
+
+def spec_path(name_or_path: str | Path, directory: Path | None = None) -> Path:
+    """Resolve a figure name (``figure-1``) or a path to a spec file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix in SPEC_SUFFIXES and candidate.is_file():
+        return candidate
+    directory = directory or dashboards_dir()
+    for suffix in SPEC_SUFFIXES:
+        path = directory / f"{name_or_path}{suffix}"
+        if path.is_file():
+            return path
+    names = ", ".join(available_specs(directory)) or "none"
+    raise ConfigError(f"no figure spec named {str(name_or_path)!r} in dashboards/ (have: {names})")
+
+
+def load_spec(name_or_path: str | Path, directory: Path | None = None) -> FigureSpec:
+    """Load and validate a figure spec by name (from ``dashboards/``) or by path."""
+    path = spec_path(name_or_path, directory)
+    try:
+        shown = str(path.resolve().relative_to(project_root()))
+    except ValueError:
+        shown = str(path)
+    return parse_spec(path.read_text(encoding="utf-8"), shown)
+
+
+def figures_for_sweep(sweep: str, directory: Path | None = None) -> list[str]:
+    """Names of the specs whose default sweep is ``sweep`` (what a sweep runner draws at its end)."""
+    return [n for n in available_specs(directory) if load_spec(n, directory).sweep == sweep]
