@@ -1,0 +1,193 @@
+"""pdmask's methods as verl policy losses, computed with the math API only.
+
+verl's registered policy losses see only padded ``(old_log_prob, log_prob, advantages,
+response_mask)``; pdmask's masks need per-token statistics computed from the full logits. So the
+actor runs :func:`pdm_ppo_loss` instead of verl's ``ppo_loss`` (the worker installs it), in two
+modes that verl's FSDP engine calls in turn for every micro-batch:
+
+1. as the logits hook (``student_logits=...``): the per-token statistics (``processor``);
+2. as the loss (``model_output=..., data=...``): the statistics are brought into the padded
+   response frame, the method's mask is computed, and verl's own ``ppo_loss`` runs unchanged
+   (entropy, KL loss, ``global_batch_info`` and metric aggregation stay upstream's). Its call of
+   the registered loss (``pdm_agg``, ``dppo_topk_kl``, ...) finds the mask in a context variable
+   and returns ``-M r A`` aggregated with verl's ``agg_loss``.
+
+``grpo-clip-higher`` is verl's ``vanilla`` loss and goes through ``ppo_loss`` untouched.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.utils import tensordict_utils as tu
+from verl.workers.utils.losses import ppo_loss
+from verl.workers.utils.padding import no_padding_2_padding
+
+from pdmask.backends.verl import compat
+from pdmask.backends.verl.config import DEFAULT_TOPK
+from pdmask.backends.verl.loss_names import PDM_LOSS_MODES, method_for_loss_mode
+from pdmask.backends.verl.metrics import diagnostic_metrics
+from pdmask.backends.verl.processor import (
+    OLD_PHASE,
+    STAT_KEY,
+    StatsSettings,
+    old_policy_topk_outputs,
+    phase,
+    statistics_outputs,
+    stats_from_outputs,
+)
+from pdmask.errors import ConfigError
+from pdmask.trust_region import get_method, method_mask, per_token_loss
+
+compat.require(["plugin", "loss"])
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The pdmask knobs of an actor config whose ``loss_mode`` is a pdmask method."""
+
+    method: str
+    delta: float | None
+    topk: int
+    mu_source: str
+    ratio_cap: float | None
+    chunk_size: int | None
+    support: str
+
+    @classmethod
+    def from_actor_config(cls, config) -> LossSettings | None:
+        """None when the configured loss is not one of pdmask's (e.g. ``vanilla``)."""
+        policy_loss = config.policy_loss
+        method = method_for_loss_mode(policy_loss.get("loss_mode", "vanilla"))
+        if method is None:
+            return None
+        delta = policy_loss.get("pdm_delta", None)
+        if get_method(method).uses_delta and delta is None:
+            raise ConfigError(
+                f"actor_rollout_ref.actor.policy_loss.pdm_delta: required by {method} (set "
+                "policy_loss._target_=pdmask.backends.verl.config.PDMPolicyLossConfig and "
+                "+actor_rollout_ref.actor.policy_loss.pdm_delta=<delta>)"
+            )
+        return cls(
+            method=method,
+            delta=delta,
+            topk=policy_loss.get("pdm_topk", DEFAULT_TOPK),
+            mu_source=policy_loss.get("pdm_mu_source", "rollout"),
+            ratio_cap=policy_loss.get("pdm_ratio_cap", None),
+            chunk_size=policy_loss.get("pdm_chunk_size", None),
+            support=policy_loss.get("pdm_support", "union"),
+        )
+
+    def stats_settings(self) -> StatsSettings:
+        return StatsSettings(self.method, self.topk, self.chunk_size, self.support)
+
+
+@dataclass
+class _ActiveBatch:
+    """What the registered loss needs from the wrapper for the micro-batch being computed."""
+
+    method: str
+    mask: torch.Tensor  # (B, R) bool, True = gradient zeroed
+    ratio_cap: float | None
+
+
+_ACTIVE_BATCH: contextvars.ContextVar[_ActiveBatch | None] = contextvars.ContextVar(
+    "pdmask_active_batch", default=None
+)
+
+
+def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student_logits=None):
+    """The actor's loss function (install with ``partial(pdm_ppo_loss, config=actor_config)``)."""
+    settings = LossSettings.from_actor_config(config)
+    old_phase = phase(data) == OLD_PHASE
+    if student_logits is not None:  # called as the logits hook
+        if old_phase:
+            k = settings.topk if settings else DEFAULT_TOPK
+            return old_policy_topk_outputs(
+                student_logits, data, k, settings and settings.chunk_size
+            )
+        return (
+            statistics_outputs(student_logits, data, settings.stats_settings()) if settings else {}
+        )
+    if old_phase:  # the old-policy pass only wanted the hook's outputs
+        return torch.zeros(()), {}
+    if settings is None:
+        return ppo_loss(config, model_output, data, dp_group)
+
+    stat_keys = [key for key in model_output if key.startswith(STAT_KEY.format(""))]
+    if not stat_keys:
+        raise RuntimeError(
+            "the actor's forward produced no pdmask statistics: the micro-batch must carry "
+            "distillation_use_topk=True (pdmask's worker sets it; trainer.v1.trainer_mode=pdm_sync)"
+        )
+    stats = stats_from_outputs(
+        {key: no_padding_2_padding(model_output[key], data) for key in stat_keys}
+    )
+    padded = data.select("response_mask", "advantages").to_padded_tensor()
+    valid = padded["response_mask"].bool()
+    advantages = padded["advantages"].to(stats.ratio.dtype)
+    mask = method_mask(settings.method, stats, advantages, delta=settings.delta) & valid
+
+    token = _ACTIVE_BATCH.set(_ActiveBatch(settings.method, mask, settings.ratio_cap))
+    try:
+        loss, metrics = ppo_loss(config, model_output, data, dp_group)
+    finally:
+        _ACTIVE_BATCH.reset(token)
+    metrics.update(
+        diagnostic_metrics(
+            stats,
+            advantages,
+            mask,
+            valid,
+            delta=settings.delta,
+            batch_num_tokens=tu.get_non_tensor_data(data, "batch_num_tokens", None),
+            dp_size=tu.get_non_tensor_data(data, "dp_size", 1),
+        )
+    )
+    return loss, metrics
+
+
+def masked_policy_loss(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    loss_agg_mode: str = "token-mean",
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+    *,
+    loss_mode: str,
+):
+    """The registered verl policy loss of a pdmask method: ``-M r A`` through verl's ``agg_loss``."""
+    batch = _ACTIVE_BATCH.get()
+    if batch is None or batch.method != PDM_LOSS_MODES[loss_mode]:
+        raise RuntimeError(
+            f"policy loss {loss_mode!r} needs the per-token top-K statistics of pdmask's actor loss "
+            "function; run the job with trainer.v1.trainer_mode=pdm_sync so the actor installs it"
+        )
+    mask = batch.mask
+    token_loss = per_token_loss(log_prob, old_log_prob, advantages, mask, batch.ratio_cap)
+    if rollout_is_weights is not None:
+        token_loss = token_loss * rollout_is_weights
+    loss = agg_loss(token_loss, response_mask, loss_agg_mode, **config.global_batch_info)
+    valid = response_mask.bool()
+    n_valid = valid.sum().clamp_min(1)
+    metrics = {
+        # verl's names, so its dashboards show the masked share and the mismatch as for any loss.
+        "actor/pg_clipfrac": ((mask & valid).sum() / n_valid).item(),
+        "actor/ppo_kl": (torch.where(valid, old_log_prob - log_prob, 0.0).sum() / n_valid).item(),
+    }
+    return loss, metrics
+
+
+def register_losses() -> None:
+    """Put every pdmask method into verl's policy-loss registry (idempotent)."""
+    for loss_mode in PDM_LOSS_MODES:
+        register_policy_loss(loss_mode)(partial(masked_policy_loss, loss_mode=loss_mode))
+
+
+register_losses()

@@ -1,0 +1,146 @@
+"""What pdmask computes from the policy's logits inside verl's FSDP forward (the logits hook).
+
+verl 0.9.1's ``FSDPEngineWithLMHead.prepare_model_outputs`` calls the actor's loss function as
+``loss_fn(student_logits=(1, N, V), data=micro_batch)`` when the micro-batch carries the flag
+``distillation_use_topk`` (a hook added for top-K distillation; pdmask only borrows it). Each
+returned ``(1, N)`` tensor comes back in ``model_output`` as a nested per-sample tensor, gathered
+over Ulysses sequence parallelism. ``N`` is this rank's packed rows: row ``i`` holds the
+(temperature-scaled) logits that predict packed token ``i+1``.
+
+Two uses:
+
+- training: the per-token trust-region statistics of the math API (``compute_token_stats``), read
+  from the logits in row chunks without an ``[N, V]`` float32 copy;
+- the old-policy pass (``pdm_mu_source=recompute``): pi_old's own top-K and sampled-token log-probs,
+  which then play mu's part in the same data layout as the rollout's top-K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from verl.utils import tensordict_utils as tu
+from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_input_tensor
+
+from pdmask.backends.verl.layout import OLD_ID_KEY, OLD_LP_KEY, packed_rows
+from pdmask.trust_region import SENTINEL_THRESHOLD, TokenStats, compute_token_stats
+
+STAT_KEY = "pdm_stat_{}"
+PHASE_KEY = "pdm_phase"
+OLD_PHASE = "old"
+# About 8 MB of float32 per chunk, the math API's default, for the old-policy top-K pass too.
+_CHUNK_ELEMENTS = 2**21
+
+
+@dataclass(frozen=True)
+class StatsSettings:
+    """What the statistics pass needs to know about the method."""
+
+    method: str
+    topk: int
+    chunk_size: int | None = None
+    support: str = "union"
+
+
+def phase(data) -> str | None:
+    """``"old"`` during the old-policy pass, else None."""
+    return tu.get_non_tensor_data(data=data, key=PHASE_KEY, default=None)
+
+
+def _local_rows(x: torch.Tensor) -> torch.Tensor:
+    """This rank's share of packed rows, cut exactly as the engine cuts the logits (Ulysses SP)."""
+    if get_ulysses_sequence_parallel_world_size() > 1:
+        return slice_input_tensor(x.unsqueeze(0), dim=1).squeeze(0)
+    return x
+
+
+def _sampled_ids(data, device) -> torch.Tensor:
+    """``y`` for every packed row: the next token, rolled over the *global* packed sequence."""
+    return _local_rows(torch.roll(data["input_ids"].values(), shifts=-1, dims=0)).to(device)
+
+
+def _check_rows(what: str, rows: int, logits: torch.Tensor) -> None:
+    if rows != logits.shape[0]:
+        raise ValueError(f"{what} has {rows} rows but the logits have {logits.shape[0]}")
+
+
+@torch.no_grad()
+def statistics_outputs(
+    student_logits: torch.Tensor, data, settings: StatsSettings
+) -> dict[str, torch.Tensor]:
+    """The math API's per-token statistics for every packed row, as ``(1, N)`` tensors.
+
+    No gradient: the policy gradient flows through verl's own ``log_probs``; the statistics only
+    decide the mask and feed the diagnostics.
+    """
+    logits = student_logits.squeeze(0)
+    k = settings.topk
+    ids, lps = (_local_rows(t).to(logits.device) for t in packed_rows(data, k))
+    sampled = _sampled_ids(data, logits.device)
+    _check_rows("the top-K data", ids.shape[0], logits)
+    mu_sampled = lps[:, k]
+    # Rows that predict no response token (prompt rows, a sequence's last row) carry no behaviour
+    # log-prob; any finite value keeps their (discarded) statistics finite.
+    mu_sampled = torch.where(
+        mu_sampled > SENTINEL_THRESHOLD, mu_sampled, torch.zeros_like(mu_sampled)
+    )
+    # Binary methods' masks ignore the top-K, but their diagnostics (top-K KL, disagreements) use it.
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        stats = compute_token_stats(
+            logits,
+            sampled,
+            ids[:, :k],
+            lps[:, :k],
+            mu_sampled,
+            chunk_size=settings.chunk_size,
+            support=settings.support,
+        )
+    out = {STAT_KEY.format(name): t.unsqueeze(0) for name, t in stats.tensors().items()}
+    out[STAT_KEY.format("vocab_size")] = torch.full_like(mu_sampled, stats.vocab_size).unsqueeze(0)
+    return out
+
+
+def stats_from_outputs(padded: dict[str, torch.Tensor]) -> TokenStats:
+    """Rebuild a ``TokenStats`` from statistics already put in the loss's ``(B, R)`` frame."""
+    fields = {name[len(STAT_KEY.format("")) :]: t for name, t in padded.items()}
+    vocab = fields.pop("vocab_size")
+    fields.setdefault("var_v", None)
+    return TokenStats(**fields, vocab_size=int(vocab.max().item()) if vocab.numel() else 0)
+
+
+@torch.no_grad()
+def old_policy_topk_outputs(
+    student_logits: torch.Tensor, data, k: int, chunk_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """pi_old's top-K and sampled-token log-probs per packed row, one ``(1, N)`` tensor per slot.
+
+    The engine hook only accepts 1-D per-token outputs, hence ``2(K+1)`` of them; the worker
+    stacks them back into the ``(S, K+1)`` layout (``layout.stack_old_slots``).
+    """
+    logits = student_logits.squeeze(0)
+    n, vocab = logits.shape
+    sampled = _sampled_ids(data, logits.device)
+    _check_rows("input_ids", sampled.shape[0], logits)
+    rows = chunk_size or max(1, _CHUNK_ELEMENTS // vocab)
+    top_ids = torch.empty(n, k, dtype=torch.long, device=logits.device)
+    top_lps = torch.empty(n, k, dtype=torch.float32, device=logits.device)
+    sampled_lps = torch.empty(n, dtype=torch.float32, device=logits.device)
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        for start in range(0, n, rows):
+            stop = min(start + rows, n)
+            z = logits[start:stop].float()
+            log_z = torch.logsumexp(z, dim=-1, keepdim=True)
+            values, indices = z.topk(k, dim=-1)
+            top_ids[start:stop] = indices
+            top_lps[start:stop] = values - log_z
+            sampled_lps[start:stop] = z.gather(1, sampled[start:stop, None]).squeeze(
+                1
+            ) - log_z.squeeze(1)
+    out = {}
+    for i in range(k):
+        out[OLD_ID_KEY.format(i)] = top_ids[:, i].unsqueeze(0)
+        out[OLD_LP_KEY.format(i)] = top_lps[:, i].unsqueeze(0)
+    out[OLD_ID_KEY.format(k)] = sampled.unsqueeze(0)
+    out[OLD_LP_KEY.format(k)] = sampled_lps.unsqueeze(0)
+    return out

@@ -1,0 +1,168 @@
+"""pdmask's losses through verl's own loss path (``ppo_loss`` on nested TensorDicts) equal the math API."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import pytest
+
+pytest.importorskip("verl")
+pytestmark = pytest.mark.verl
+
+import torch  # noqa: E402
+from verl.utils.metric import AggregationType, Metric  # noqa: E402
+from verl.workers.config import ActorConfig  # noqa: E402
+from verl.workers.utils.losses import ppo_loss  # noqa: E402
+
+from pdmask.backends.verl.config import PDMPolicyLossConfig  # noqa: E402
+from pdmask.backends.verl.loss import pdm_ppo_loss  # noqa: E402
+from pdmask.backends.verl.loss_names import verl_loss_name  # noqa: E402
+from pdmask.backends.verl.overrides import GRPO_CLIP  # noqa: E402
+from pdmask.trust_region import policy_loss  # noqa: E402
+
+from .batches import engine_forward, make_batch, micro_batch, response_frame  # noqa: E402
+
+ALL = [0, 1, 2, 3]
+DELTA = 0.05
+
+
+def actor_config(
+    method: str, agg_mode: str = "token-mean", delta: float = DELTA, **pdm
+) -> ActorConfig:
+    return ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        loss_agg_mode=agg_mode,
+        policy_loss=PDMPolicyLossConfig(
+            loss_mode=verl_loss_name(method), pdm_delta=delta, pdm_topk=5, pdm_chunk_size=7, **pdm
+        ),
+    )
+
+
+def verl_step(batch, indices, config, **non_tensor):
+    """One micro-batch the way the FSDP actor runs it: hook, loss, backward."""
+    data = micro_batch(batch, indices, **non_tensor)
+    loss_fn = partial(pdm_ppo_loss, config=config)
+    model_output = engine_forward(batch.sample_logits(indices), data, loss_fn)
+    loss, metrics = loss_fn(model_output=model_output, data=data)
+    loss.backward()
+    return loss, metrics
+
+
+def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **extra):
+    frame = response_frame(batch, ALL)
+    result = policy_loss(
+        method,
+        frame.logits,
+        frame.sampled,
+        frame.ids,
+        frame.lps,
+        frame.mu_k,
+        frame.adv,
+        frame.valid,
+        delta=delta,
+        loss_agg_mode=agg_mode,
+        **extra,
+    )
+    result.loss.backward()
+    return result
+
+
+@pytest.mark.parametrize(
+    "method,agg_mode,delta",
+    [
+        ("pdm-agg", "token-mean", DELTA),
+        ("pdm-uni", "seq-mean-token-mean", DELTA),
+        ("dppo-topk-kl", "token-mean", DELTA),
+        ("dppo-topk-tv", "seq-mean-token-sum", DELTA),
+        ("dppo-binary-kl", "token-mean", 0.002),
+        ("pdm-tv", "token-mean", DELTA),
+    ],
+)
+def test_loss_and_gradient_equal_math_api(method, agg_mode, delta):
+    batch = make_batch()
+    loss, metrics = verl_step(batch, ALL, actor_config(method, agg_mode, delta))
+    verl_grad = batch.leaf.grad.clone()
+    batch.leaf.grad = None
+    ref = math_api_step(batch, method, agg_mode, delta)
+    torch.testing.assert_close(loss, ref.loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(verl_grad, batch.leaf.grad, rtol=1e-5, atol=1e-7)
+    # non-vacuous: the method masks some tokens but not all, and the diagnostics agree
+    masked = ref.metrics["masked_frac"]
+    assert 0 < masked < 1, masked
+    assert metrics["actor/pdm/masked_frac"].aggregate() == pytest.approx(masked)
+    assert metrics["actor/pg_clipfrac"].aggregate() == pytest.approx(masked)
+    assert metrics["actor/pdm/kl_topk_mean"].aggregate() == pytest.approx(
+        ref.metrics["kl_topk_mean"], rel=1e-5
+    )
+
+
+def test_ratio_cap_reaches_the_loss():
+    batch = make_batch()
+    verl_step(batch, ALL, actor_config("pdm-agg", pdm_ratio_cap=1.1))
+    capped = batch.leaf.grad.clone()
+    batch.leaf.grad = None
+    math_api_step(batch, "pdm-agg", ratio_cap=1.1)
+    torch.testing.assert_close(capped, batch.leaf.grad, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
+def test_micro_batch_split_gives_the_whole_batch_gradient(agg_mode):
+    batch = make_batch()
+    config = actor_config("pdm-agg", agg_mode)
+    n_tokens = sum(len(s.response) for s in batch.samples)
+    info = {"batch_num_tokens": n_tokens, "global_batch_size": len(ALL), "dp_size": 1}
+    whole_loss, whole_metrics = verl_step(batch, ALL, config, **info)
+    whole_grad = batch.leaf.grad.clone()
+    batch.leaf.grad = None
+    split_losses, split_metrics = [], []
+    for indices in ([0, 2], [3], [1]):
+        loss, metrics = verl_step(batch, indices, config, **info)
+        split_losses.append(loss.detach())
+        split_metrics.append(metrics)
+    torch.testing.assert_close(batch.leaf.grad, whole_grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(sum(split_losses), whole_loss.detach(), rtol=1e-5, atol=1e-7)
+    # token-mean diagnostics are SUM-aggregated partial means: exact over the split too
+    for key in ("actor/pdm/masked_frac", "actor/pdm/kl_topk_mean", "actor/pdm/disagree_agg"):
+        assert whole_metrics[key].aggregation == AggregationType.SUM
+        merged = Metric(AggregationType.SUM)
+        for m in split_metrics:
+            merged.append(m[key])
+        assert Metric.aggregate_dp([merged]) == pytest.approx(
+            whole_metrics[key].aggregate(), rel=1e-6
+        )
+
+
+def test_grpo_clip_higher_is_verl_vanilla_by_config_only():
+    """verl's vanilla loss with the generated clip settings has the math API's gradient."""
+    batch = make_batch(mismatch=0.6)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio_low=GRPO_CLIP["clip_ratio_low"],
+        clip_ratio_high=GRPO_CLIP["clip_ratio_high"],
+        clip_ratio_c=GRPO_CLIP["clip_ratio_c"],
+    )
+    data = micro_batch(batch, ALL, distillation_use_topk=False)
+    loss_fn = partial(ppo_loss, config=config)
+    model_output = engine_forward(batch.sample_logits(ALL), data, None)
+    loss, metrics = loss_fn(model_output=model_output, data=data)
+    loss.backward()
+    verl_grad = batch.leaf.grad.clone()
+    batch.leaf.grad = None
+    ref = math_api_step(batch, "grpo-clip-higher")
+    assert 0 < ref.metrics["masked_frac"] < 1
+    torch.testing.assert_close(verl_grad, batch.leaf.grad, rtol=1e-5, atol=1e-7)
+
+
+def test_registered_loss_refuses_to_run_without_the_statistics():
+    batch = make_batch()
+    config = actor_config("pdm-agg")
+    data = micro_batch(batch, ALL, distillation_use_topk=False)
+    model_output = engine_forward(batch.sample_logits(ALL), data, None)
+    with pytest.raises(RuntimeError, match="distillation_use_topk"):
+        pdm_ppo_loss(config, model_output=model_output, data=data)
+    with pytest.raises(RuntimeError, match="pdm_sync"):
+        ppo_loss(config, model_output, data)  # verl's path straight into the registered loss
