@@ -33,7 +33,9 @@ def _sign(a: float, b: float, scale: float | None = None) -> int:
     return (a > b) - (a < b)
 
 
-def token_reference(z: torch.Tensor, k: int, mu_k_logp: float, topk_ids, topk_logp) -> dict[str, float]:
+def token_reference(
+    z: torch.Tensor, k: int, mu_k_logp: float, topk_ids, topk_logp
+) -> dict[str, float]:
     z = z.to(torch.float64)
     n = z.shape[0]
     pi = torch.softmax(z, -1)
@@ -62,7 +64,9 @@ def token_reference(z: torch.Tensor, k: int, mu_k_logp: float, topk_ids, topk_lo
     others[k] = False
     log_rest_pi = float(torch.logsumexp(logpi[others], -1)) if n > 1 else math.log(tiny)
     log_rest_mu = math.log(max(-math.expm1(mu_k_logp), tiny))
-    kl_bin = xlog(mk, mu_k_logp, float(logpi[k])) + xlog(-math.expm1(mu_k_logp), log_rest_mu, log_rest_pi)
+    kl_bin = xlog(mk, mu_k_logp, float(logpi[k])) + xlog(
+        -math.expm1(mu_k_logp), log_rest_mu, log_rest_pi
+    )
     sigma = math.fsum(pi_s[i] * (mu_s[i] - pi_s[i]) for i in ids)
     local = pk - mk
     agg = local + sigma + pi_tail * (mu_tail - pi_tail)

@@ -22,8 +22,15 @@ from .cases import make_case
 from .reference import token_reference
 
 PAPER_METHODS = {
-    "grpo-clip-higher", "dppo-binary-kl", "dppo-binary-tv", "dppo-topk-kl", "dppo-topk-tv",
-    "pdm-agg", "pdm-uni", "pdm-tv", "pdm-bucket",
+    "grpo-clip-higher",
+    "dppo-binary-kl",
+    "dppo-binary-tv",
+    "dppo-topk-kl",
+    "dppo-topk-tv",
+    "pdm-agg",
+    "pdm-uni",
+    "pdm-tv",
+    "pdm-bucket",
 }
 
 
@@ -51,24 +58,34 @@ def near_threshold(ref: dict, delta: float) -> bool:
     keys = ("kl_binary", "tv_binary", "kl_topk", "tv_topk")
     return (
         any(abs(ref[k] - delta) < 1e-12 for k in keys)
-        or any(abs(ref[k]) < 1e-13 for k in ("ddot_agg", "ddot_uni", "ddot_bucket", "tv_deriv_pos", "tv_deriv_neg"))
+        or any(
+            abs(ref[k]) < 1e-13
+            for k in ("ddot_agg", "ddot_uni", "ddot_bucket", "tv_deriv_pos", "tv_deriv_neg")
+        )
         or min(abs(ref["ratio"] - 1), abs(ref["ratio"] - 0.8), abs(ref["ratio"] - 1.28)) < 1e-12
     )
 
 
 def test_every_paper_method_is_registered():
-    assert PAPER_METHODS <= set(METHODS)
+    assert set(METHODS) >= PAPER_METHODS
 
 
 @pytest.mark.parametrize("seed", range(60))
 def test_masks_match_brute_force_rules(seed):
     case = make_case(seed, vocab=48, k=5)
     delta = [0.15, 0.05, 0.01, 0.3][seed % 4]
-    stats = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    stats = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
     masks = {name: method_mask(name, stats, case.advantages, delta=delta) for name in PAPER_METHODS}
     for row in range(case.logits.shape[0]):
-        ref = token_reference(case.logits[row], int(case.sampled[row]), float(case.mu_logp[row]),
-                              case.topk_ids[row].tolist(), case.topk_logp[row].tolist())
+        ref = token_reference(
+            case.logits[row],
+            int(case.sampled[row]),
+            float(case.mu_logp[row]),
+            case.topk_ids[row].tolist(),
+            case.topk_logp[row].tolist(),
+        )
         if near_threshold(ref, delta):
             continue
         adv = float(case.advantages[row])
@@ -81,7 +98,9 @@ def test_masks_match_brute_force_rules(seed):
 def test_predictive_masks_differ_from_baseline_only_in_direction():
     """pdm-agg/uni share dppo-topk-kl's proximity test: where it is False nobody is masked."""
     case = make_case(7, n=64, vocab=100, k=8)
-    stats = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    stats = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
     inside = stats.kl_topk <= 0.15
     for name in ("dppo-topk-kl", "pdm-agg", "pdm-uni", "pdm-bucket"):
         assert not method_mask(name, stats, case.advantages, delta=0.15)[inside].any()
@@ -89,7 +108,9 @@ def test_predictive_masks_differ_from_baseline_only_in_direction():
 
 def test_delta_is_required_for_divergence_methods():
     case = make_case(1)
-    stats = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    stats = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
     with pytest.raises(ValueError, match="delta"):
         method_mask("pdm-agg", stats, case.advantages)
     with pytest.raises(KeyError, match="known"):
@@ -118,8 +139,17 @@ def test_loss_logit_gradient(method, cap):
 def test_bf16_gradient_flows_in_logits_dtype():
     case = make_case(2, n=10, vocab=64, k=5)
     z = case.logits.to(torch.bfloat16).requires_grad_(True)
-    res = policy_loss("pdm-agg", z, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp,
-                      case.advantages, torch.ones(10, dtype=torch.bool), delta=0.05)
+    res = policy_loss(
+        "pdm-agg",
+        z,
+        case.sampled,
+        case.topk_ids,
+        case.topk_logp,
+        case.mu_logp,
+        case.advantages,
+        torch.ones(10, dtype=torch.bool),
+        delta=0.05,
+    )
     res.loss.backward()
     assert z.grad.dtype == torch.bfloat16 and torch.isfinite(z.grad.float()).all()
     assert z.grad.abs().sum() > 0
@@ -154,7 +184,9 @@ def test_aggregation_modes(mode):
     assert math.isclose(float(got), float(_verl_agg_reference(loss_mat, mask, mode)), rel_tol=1e-12)
     info = {"dp_size": 2, "batch_num_tokens": 40, "global_batch_size": 7, "loss_scale_factor": 3.0}
     got = aggregate_loss(loss_mat, mask, mode, **info)
-    assert math.isclose(float(got), float(_verl_agg_reference(loss_mat, mask, mode, **info)), rel_tol=1e-12)
+    assert math.isclose(
+        float(got), float(_verl_agg_reference(loss_mat, mask, mode, **info)), rel_tol=1e-12
+    )
 
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
@@ -166,10 +198,19 @@ def test_micro_batches_with_global_info_equal_whole_batch(mode):
 
     def run(rows, **info):
         z = case.logits.view(6, 4, 50)[rows].clone().requires_grad_(True)
-        res = policy_loss("pdm-uni", z, case.sampled.view(shape)[rows], case.topk_ids.view(6, 4, 5)[rows],
-                          case.topk_logp.view(6, 4, 5)[rows], case.mu_logp.view(shape)[rows],
-                          case.advantages.view(shape)[rows], valid[rows], delta=0.05,
-                          loss_agg_mode=mode, **info)
+        res = policy_loss(
+            "pdm-uni",
+            z,
+            case.sampled.view(shape)[rows],
+            case.topk_ids.view(6, 4, 5)[rows],
+            case.topk_logp.view(6, 4, 5)[rows],
+            case.mu_logp.view(shape)[rows],
+            case.advantages.view(shape)[rows],
+            valid[rows],
+            delta=0.05,
+            loss_agg_mode=mode,
+            **info,
+        )
         res.loss.backward()
         return res.loss.detach(), z.grad
 
@@ -182,7 +223,9 @@ def test_micro_batches_with_global_info_equal_whole_batch(mode):
 
 def test_diagnostics_count_disagreements():
     case = make_case(8, n=200, vocab=60, k=5)
-    stats = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    stats = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
     mask = method_mask("pdm-agg", stats, case.advantages, delta=0.05)
     d = diagnostics(stats, case.advantages, mask, delta=0.05)
     baseline = method_mask("dppo-topk-kl", stats, case.advantages, delta=0.05)
@@ -201,9 +244,18 @@ def test_no_float32_copy_of_the_logits():
     topk_logp, topk_ids = torch.log_softmax(torch.randn(n, vocab, generator=g), -1).topk(k, -1)
     sampled = topk_ids[:, 0].clone()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        res = policy_loss("pdm-agg", z, sampled, topk_ids, topk_logp, topk_logp[:, 0],
-                          torch.randn(n, generator=g), torch.ones(n, dtype=torch.bool), delta=0.1,
-                          chunk_size=16)
+        res = policy_loss(
+            "pdm-agg",
+            z,
+            sampled,
+            topk_ids,
+            topk_logp,
+            topk_logp[:, 0],
+            torch.randn(n, generator=g),
+            torch.ones(n, dtype=torch.bool),
+            delta=0.1,
+            chunk_size=16,
+        )
         res.loss.backward()
     biggest = max(e.cpu_memory_usage for e in prof.events())
     fp32_copy = n * vocab * 4

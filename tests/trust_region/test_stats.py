@@ -13,17 +13,37 @@ from .cases import make_case
 from .reference import bucketed_kl, full_kl, support_of, token_reference
 
 FIELDS = [
-    "logp", "ratio", "kl_topk", "tv_topk", "kl_binary", "tv_binary", "local_term", "ddot_agg",
-    "ddot_uni", "ddot_bucket", "global_agg", "mu_tail", "pi_tail", "mu_topk_mass", "pi_topk_mass",
-    "support_size", "sum_pi_sq", "var_v", "tv_deriv_pos", "tv_deriv_neg",
+    "logp",
+    "ratio",
+    "kl_topk",
+    "tv_topk",
+    "kl_binary",
+    "tv_binary",
+    "local_term",
+    "ddot_agg",
+    "ddot_uni",
+    "ddot_bucket",
+    "global_agg",
+    "mu_tail",
+    "pi_tail",
+    "mu_topk_mass",
+    "pi_topk_mass",
+    "support_size",
+    "sum_pi_sq",
+    "var_v",
+    "tv_deriv_pos",
+    "tv_deriv_neg",
 ]
 
 
 def assert_matches_reference(case, stats, rtol=1e-9, atol=1e-13):
     for row in range(case.logits.shape[0]):
         ref = token_reference(
-            case.logits[row], int(case.sampled[row]), float(case.mu_logp[row]),
-            case.topk_ids[row].tolist(), case.topk_logp[row].tolist(),
+            case.logits[row],
+            int(case.sampled[row]),
+            float(case.mu_logp[row]),
+            case.topk_ids[row].tolist(),
+            case.topk_logp[row].tolist(),
         )
         for name in FIELDS:
             got = float(getattr(stats, name)[row])
@@ -38,8 +58,13 @@ def test_float64_matches_reference(seed):
     vocab = [64, 7, 6, 300][seed % 4]  # 7 and 6 make an empty/near-empty tail with K = 5
     case = make_case(seed, vocab=vocab, k=5)
     stats = compute_token_stats(
-        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp,
-        second_order=True, chunk_size=3,
+        case.logits,
+        case.sampled,
+        case.topk_ids,
+        case.topk_logp,
+        case.mu_logp,
+        second_order=True,
+        chunk_size=3,
     )
     assert stats.kl_topk.dtype == torch.float64
     assert_matches_reference(case, stats)
@@ -50,7 +75,9 @@ def test_k_zero_support_is_sampled_token_plus_bucket(seed):
     case = make_case(seed, k=0, corrupt=False)
     stats = compute_token_stats(case.logits, case.sampled, None, None, case.mu_logp)
     pi_k, mu_k = stats.logp.detach().exp(), case.mu_logp.exp()
-    torch.testing.assert_close(stats.ddot_agg, 2 * (1 - pi_k) * (pi_k - mu_k), rtol=1e-9, atol=1e-13)
+    torch.testing.assert_close(
+        stats.ddot_agg, 2 * (1 - pi_k) * (pi_k - mu_k), rtol=1e-9, atol=1e-13
+    )
     decided = (stats.ratio - 1).abs() > 1e-12  # mu == pi up to rounding has no sign to compare
     assert torch.equal(torch.sign(stats.ddot_agg)[decided], torch.sign(stats.ratio - 1)[decided])
     torch.testing.assert_close(stats.kl_topk, stats.kl_binary, rtol=1e-9, atol=1e-13)
@@ -72,8 +99,13 @@ def test_bucket_is_autograd_derivative_of_bucketed_kl(seed):
     s = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
     for row in range(case.logits.shape[0]):
         k = int(case.sampled[row])
-        sup = support_of(k, float(case.mu_logp[row]), case.topk_ids[row].tolist(),
-                         case.topk_logp[row].tolist(), 40)
+        sup = support_of(
+            k,
+            float(case.mu_logp[row]),
+            case.topk_ids[row].tolist(),
+            case.topk_logp[row].tolist(),
+            40,
+        )
         mu_s = {i: math.exp(lp) for i, lp in sup.items()}
         mu_tail = max(0.0, 1.0 - math.fsum(mu_s.values()))
         z = case.logits[row]
@@ -84,7 +116,9 @@ def test_bucket_is_autograd_derivative_of_bucketed_kl(seed):
         assert math.isclose(float(s.ddot_bucket[row]), float(grad), rel_tol=1e-8, abs_tol=1e-12)
         # and by central finite differences
         h = 1e-6
-        fd = (bucketed_kl(z + h * v, mu_s, mu_tail) - bucketed_kl(z - h * v, mu_s, mu_tail)) / (2 * h)
+        fd = (bucketed_kl(z + h * v, mu_s, mu_tail) - bucketed_kl(z - h * v, mu_s, mu_tail)) / (
+            2 * h
+        )
         assert math.isclose(float(s.ddot_bucket[row]), float(fd), rel_tol=1e-5, abs_tol=1e-9)
 
 
@@ -105,15 +139,23 @@ def test_full_vocab_derivative_and_second_order(seed):
         tail[sup] = False
         mu[tail] = pi[tail] / pi[tail].sum() * (1 - mu[sup].sum())  # proportional to pi on the tail
         logmu = mu.log()
-        s = compute_token_stats(z[None], torch.tensor([k]), torch.tensor([ids]),
-                                logmu[ids][None], logmu[k][None], second_order=True)
+        s = compute_token_stats(
+            z[None],
+            torch.tensor([k]),
+            torch.tensor([ids]),
+            logmu[ids][None],
+            logmu[k][None],
+            second_order=True,
+        )
         v = -pi.clone()
         v[k] += 1
         eta = torch.zeros((), dtype=torch.float64, requires_grad=True)
         f = full_kl(z + eta * v, mu)
         (d1,) = torch.autograd.grad(f, eta, create_graph=True)
         (d2,) = torch.autograd.grad(d1, eta)
-        assert math.isclose(float(s.ddot_bucket[0]), float(d1.detach()), rel_tol=1e-8, abs_tol=1e-12)
+        assert math.isclose(
+            float(s.ddot_bucket[0]), float(d1.detach()), rel_tol=1e-8, abs_tol=1e-12
+        )
         assert math.isclose(float(s.var_v[0]), float(d2), rel_tol=1e-8, abs_tol=1e-12)
         assert float(s.var_v[0]) >= 0
 
@@ -133,8 +175,13 @@ def test_tv_derivative_by_one_sided_differences(seed):
     s = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
     for row in range(case.logits.shape[0]):
         k = int(case.sampled[row])
-        sup = support_of(k, float(case.mu_logp[row]), case.topk_ids[row].tolist(),
-                         case.topk_logp[row].tolist(), 30)
+        sup = support_of(
+            k,
+            float(case.mu_logp[row]),
+            case.topk_ids[row].tolist(),
+            case.topk_logp[row].tolist(),
+            30,
+        )
         ids = sorted(sup)
         mu_s = torch.tensor([math.exp(sup[i]) for i in ids], dtype=torch.float64)
         mu_tail = max(0.0, 1.0 - float(mu_s.sum()))
@@ -142,7 +189,7 @@ def test_tv_derivative_by_one_sided_differences(seed):
         v = -torch.softmax(z, -1)
         v[k] += 1
 
-        def tv(eta):
+        def tv(eta, z=z, v=v, ids=ids, mu_s=mu_s, mu_tail=mu_tail):
             p = torch.softmax(z + eta * v, -1)
             p_s = p[ids]
             return 0.5 * (float((mu_s - p_s).abs().sum()) + abs(mu_tail - (1 - float(p_s.sum()))))
@@ -159,17 +206,26 @@ def test_low_precision_logits_compute_in_float32(dtype):
     logits = case.logits.to(dtype)
     s = compute_token_stats(logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
     assert s.kl_topk.dtype == torch.float32
-    ref = compute_token_stats(logits.double(), case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    ref = compute_token_stats(
+        logits.double(), case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
     for name in ("kl_topk", "tv_topk", "ddot_agg", "ddot_uni", "ddot_bucket", "ratio", "pi_tail"):
-        torch.testing.assert_close(getattr(s, name).double(), getattr(ref, name), rtol=2e-4, atol=2e-6)
+        torch.testing.assert_close(
+            getattr(s, name).double(), getattr(ref, name), rtol=2e-4, atol=2e-6
+        )
 
 
 def test_batched_shape_and_padding_positions():
     case = make_case(5, n=12, vocab=80, k=5)
-    flat = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    flat = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
     batched = compute_token_stats(
-        case.logits.view(3, 4, 80), case.sampled.view(3, 4), case.topk_ids.view(3, 4, 5),
-        case.topk_logp.view(3, 4, 5), case.mu_logp.view(3, 4),
+        case.logits.view(3, 4, 80),
+        case.sampled.view(3, 4),
+        case.topk_ids.view(3, 4, 5),
+        case.topk_logp.view(3, 4, 5),
+        case.mu_logp.view(3, 4),
     )
     assert batched.kl_topk.shape == (3, 4)
     torch.testing.assert_close(batched.ddot_agg.reshape(-1), flat.ddot_agg)
@@ -187,10 +243,17 @@ def test_real_qwen_width_few_tokens():
     mu_logp = logmu.gather(1, sampled[:, None]).squeeze(1)
     s = compute_token_stats(z, sampled, topk_ids, topk_logp, mu_logp, second_order=True)
     for row in range(n):
-        ref = token_reference(z[row], int(sampled[row]), float(mu_logp[row]),
-                              topk_ids[row].tolist(), topk_logp[row].tolist())
+        ref = token_reference(
+            z[row],
+            int(sampled[row]),
+            float(mu_logp[row]),
+            topk_ids[row].tolist(),
+            topk_logp[row].tolist(),
+        )
         for name in ("kl_topk", "ddot_agg", "ddot_uni", "ddot_bucket", "pi_tail", "var_v"):
-            assert math.isclose(float(getattr(s, name)[row]), ref[name], rel_tol=1e-9, abs_tol=1e-13)
+            assert math.isclose(
+                float(getattr(s, name)[row]), ref[name], rel_tol=1e-9, abs_tol=1e-13
+            )
     assert int(s.support_size[0]) == 20 and int(s.support_size[1]) == 21
 
 
@@ -212,6 +275,7 @@ def test_out_of_range_ids_are_rejected():
 
 def test_overwrite_support_mode_has_k_slots():
     case = make_case(0, vocab=64, k=5, corrupt=False)
-    s = compute_token_stats(case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp,
-                            support="overwrite")
+    s = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp, support="overwrite"
+    )
     assert bool((s.support_size == 5).all())

@@ -76,9 +76,13 @@ class _ChunkedLogitsPass(torch.autograd.Function):
             # Zero the support in place: what is left is exactly the tail (no 1 - sum cancellation).
             exp.scatter_(1, ids, 0.0)
             tail_mass[start:stop] = exp.sum(dim=-1) / sum_exp
-            tail_sq[start:stop] = torch.linalg.vector_norm(exp, 2, dim=-1).square() / sum_exp.square()
+            tail_sq[start:stop] = (
+                torch.linalg.vector_norm(exp, 2, dim=-1).square() / sum_exp.square()
+            )
             if second_order:
-                tail_cube[start:stop] = torch.linalg.vector_norm(exp, 3, dim=-1).pow(3) / sum_exp.pow(3)
+                tail_cube[start:stop] = torch.linalg.vector_norm(exp, 3, dim=-1).pow(
+                    3
+                ) / sum_exp.pow(3)
         ctx.save_for_backward(logits, sampled, lse)
         ctx.rows = rows
         detached = [t for t in (logp_support, tail_mass, tail_sq, tail_cube) if t is not None]

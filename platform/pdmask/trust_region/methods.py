@@ -19,7 +19,9 @@ ProximityFn = Callable[..., torch.Tensor]
 DirectionFn = Callable[[TokenStats, torch.Tensor], torch.Tensor]
 
 
-def _ratio_outside(stats: TokenStats, advantages: torch.Tensor, *, eps_low: float, eps_high: float, **_):
+def _ratio_outside(
+    stats: TokenStats, advantages: torch.Tensor, *, eps_low: float, eps_high: float, **_
+):
     return (stats.ratio < 1 - eps_low) | (stats.ratio > 1 + eps_high)
 
 
@@ -90,24 +92,65 @@ class MethodSpec:
 METHODS: dict[str, MethodSpec] = {
     m.name: m
     for m in [
-        MethodSpec("grpo-clip-higher", "ratio", "ratio", False,
-                   "PPO/GRPO ratio clip with clip-higher (eps_low=0.2, eps_high=0.28)"),
-        MethodSpec("dppo-binary-kl", "kl_binary", "ratio", False,
-                   "DPPO: binary KL of {k, rest} > delta, ratio direction"),
-        MethodSpec("dppo-binary-tv", "tv_binary", "ratio", False,
-                   "DPPO: binary TV |pi_k - mu_k| > delta, ratio direction"),
-        MethodSpec("dppo-topk-kl", "kl_topk", "ratio", True,
-                   "DPPO: top-K KL > delta, ratio direction (the direct baseline)"),
-        MethodSpec("dppo-topk-tv", "tv_topk", "ratio", True,
-                   "DPPO: top-K TV > delta, ratio direction"),
-        MethodSpec("pdm-agg", "kl_topk", "ddot_agg", True,
-                   "Predictive divergence mask, aggregated-tail estimator of Ddot"),
-        MethodSpec("pdm-uni", "kl_topk", "ddot_uni", True,
-                   "Predictive divergence mask, uniform-tail estimator of Ddot"),
-        MethodSpec("pdm-tv", "tv_topk", "tv_deriv", True,
-                   "Top-K TV proximity with the TV derivative along the step (Appendix D)"),
-        MethodSpec("pdm-bucket", "kl_topk", "ddot_bucket", True,
-                   "Exact derivative of the bucketed top-K KL along the step (beyond the paper)"),
+        MethodSpec(
+            "grpo-clip-higher",
+            "ratio",
+            "ratio",
+            False,
+            "PPO/GRPO ratio clip with clip-higher (eps_low=0.2, eps_high=0.28)",
+        ),
+        MethodSpec(
+            "dppo-binary-kl",
+            "kl_binary",
+            "ratio",
+            False,
+            "DPPO: binary KL of {k, rest} > delta, ratio direction",
+        ),
+        MethodSpec(
+            "dppo-binary-tv",
+            "tv_binary",
+            "ratio",
+            False,
+            "DPPO: binary TV |pi_k - mu_k| > delta, ratio direction",
+        ),
+        MethodSpec(
+            "dppo-topk-kl",
+            "kl_topk",
+            "ratio",
+            True,
+            "DPPO: top-K KL > delta, ratio direction (the direct baseline)",
+        ),
+        MethodSpec(
+            "dppo-topk-tv", "tv_topk", "ratio", True, "DPPO: top-K TV > delta, ratio direction"
+        ),
+        MethodSpec(
+            "pdm-agg",
+            "kl_topk",
+            "ddot_agg",
+            True,
+            "Predictive divergence mask, aggregated-tail estimator of Ddot",
+        ),
+        MethodSpec(
+            "pdm-uni",
+            "kl_topk",
+            "ddot_uni",
+            True,
+            "Predictive divergence mask, uniform-tail estimator of Ddot",
+        ),
+        MethodSpec(
+            "pdm-tv",
+            "tv_topk",
+            "tv_deriv",
+            True,
+            "Top-K TV proximity with the TV derivative along the step (Appendix D)",
+        ),
+        MethodSpec(
+            "pdm-bucket",
+            "kl_topk",
+            "ddot_bucket",
+            True,
+            "Exact derivative of the bucketed top-K KL along the step (beyond the paper)",
+        ),
     ]
 }
 
@@ -119,7 +162,9 @@ def get_method(name: str) -> MethodSpec:
         raise KeyError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}") from None
 
 
-def proximity_test(name: str, stats: TokenStats, advantages: torch.Tensor, **params) -> torch.Tensor:
+def proximity_test(
+    name: str, stats: TokenStats, advantages: torch.Tensor, **params
+) -> torch.Tensor:
     if name not in PROXIMITY_TESTS:
         raise KeyError(f"unknown proximity test {name!r}; known: {', '.join(PROXIMITY_TESTS)}")
     return PROXIMITY_TESTS[name](stats, advantages, **params)
@@ -144,7 +189,9 @@ def composed_mask(
     """``proximity & direction``: True = gradient zeroed."""
     if proximity != "ratio" and delta is None:
         raise ValueError(f"proximity test {proximity!r} needs delta")
-    outside = proximity_test(proximity, stats, advantages, delta=delta, eps_low=eps_low, eps_high=eps_high)
+    outside = proximity_test(
+        proximity, stats, advantages, delta=delta, eps_low=eps_low, eps_high=eps_high
+    )
     return outside & direction_test(direction, stats, advantages)
 
 
@@ -160,5 +207,11 @@ def method_mask(
     """The boolean mask of a named method (True = the token's gradient is zeroed)."""
     spec = get_method(method) if isinstance(method, str) else method
     return composed_mask(
-        spec.proximity, spec.direction, stats, advantages, delta=delta, eps_low=eps_low, eps_high=eps_high
+        spec.proximity,
+        spec.direction,
+        stats,
+        advantages,
+        delta=delta,
+        eps_low=eps_low,
+        eps_high=eps_high,
     )

@@ -44,7 +44,12 @@ def policy_loss(
 ) -> PolicyLossResult:
     """``method`` is a name of ``METHODS``, a ``MethodSpec``, or a recipe's own mask function."""
     stats = compute_token_stats(
-        logits, sampled_ids, mu_topk_ids, mu_topk_logprobs, mu_sampled_logprob, chunk_size=chunk_size
+        logits,
+        sampled_ids,
+        mu_topk_ids,
+        mu_topk_logprobs,
+        mu_sampled_logprob,
+        chunk_size=chunk_size,
     )
     adv = advantages.to(stats.ratio.dtype)
     if callable(method) and not isinstance(method, MethodSpec):

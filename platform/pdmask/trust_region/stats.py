@@ -31,7 +31,9 @@ class TokenStats:
     local_term: torch.Tensor  # pi_k - mu_k (sign = sign(r - 1))
     global_agg: torch.Tensor  # sum_S pi_i(mu_i - pi_i) + pi_tail (mu_tail - pi_tail)
     global_uni: torch.Tensor  # ... + pi_tail (mu_tail - pi_tail) / (n - m)
-    global_bucket: torch.Tensor  # ... + rho_tail (mu_tail - pi_tail), rho_tail = sum_tail pi^2 / pi_tail
+    global_bucket: (
+        torch.Tensor
+    )  # ... + rho_tail (mu_tail - pi_tail), rho_tail = sum_tail pi^2 / pi_tail
     ddot_agg: torch.Tensor  # local_term + global_agg
     ddot_uni: torch.Tensor  # local_term + global_uni
     ddot_bucket: torch.Tensor  # local_term + global_bucket
@@ -66,7 +68,9 @@ def _safe_log(x: torch.Tensor) -> torch.Tensor:
     return x.clamp_min(torch.finfo(x.dtype).tiny).log()
 
 
-def _sign_beyond_rounding(a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float) -> torch.Tensor:
+def _sign_beyond_rounding(
+    a: torch.Tensor, b: torch.Tensor, scale: torch.Tensor | float
+) -> torch.Tensor:
     """sign(a - b), but 0 where a and b agree to a few ulps of ``scale``: a kink of |a - b| is then
     decided the same way whether mu and pi were computed along the same path or not (mu == pi).
     Tail masses come from ``1 - mass``, so their rounding is in units of the total mass (1)."""
@@ -140,7 +144,9 @@ def compute_token_stats(
     is_k = sup.ids == sampled[:, None]
     pi_rest = pi_tail + torch.where(valid & ~is_k, pi_s, zero).sum(-1)
     log_rest_pi = _safe_log(pi_rest)
-    kl_binary = _xlogy_ratio(mu_k, mu_k_logp, logp_d) + _xlogy_ratio(rest_mu, _safe_log(rest_mu), log_rest_pi)
+    kl_binary = _xlogy_ratio(mu_k, mu_k_logp, logp_d) + _xlogy_ratio(
+        rest_mu, _safe_log(rest_mu), log_rest_pi
+    )
     tv_binary = (pi_k - mu_k).abs()
     ratio = (logp_d - mu_k_logp).exp()
 
@@ -151,7 +157,9 @@ def compute_token_stats(
     unseen = (vocab - sup.size).to(cdt)
     global_agg = sigma + pi_tail * tail_gap
     global_uni = sigma + torch.where(unseen > 0, pi_tail * tail_gap / unseen.clamp_min(1), zero)
-    rho_tail = torch.where(pi_tail > 0, lp.tail_sum_sq / pi_tail.clamp_min(torch.finfo(cdt).tiny), zero)
+    rho_tail = torch.where(
+        pi_tail > 0, lp.tail_sum_sq / pi_tail.clamp_min(torch.finfo(cdt).tiny), zero
+    )
     global_bucket = sigma + rho_tail * tail_gap
 
     # TV derivative along +-v: dpi_i = pi_i (v_i - vbar), vbar = pi_k - sum pi^2.

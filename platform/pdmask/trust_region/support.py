@@ -52,8 +52,12 @@ def build_support(
     mu_k = mu_sampled_logp.to(dtype)
     if topk_ids is None or topk_ids.shape[-1] == 0:
         ids = sampled[:, None].clone()
-        return Support(ids, mu_k[:, None].clone(), torch.ones(n, 1, dtype=torch.bool, device=device),
-                       torch.ones(n, dtype=torch.long, device=device))
+        return Support(
+            ids,
+            mu_k[:, None].clone(),
+            torch.ones(n, 1, dtype=torch.bool, device=device),
+            torch.ones(n, dtype=torch.long, device=device),
+        )
     if topk_logp is None or topk_logp.shape != topk_ids.shape:
         raise ValueError("mu_topk_logprobs must be given with the same shape as mu_topk_ids")
     ids = topk_ids.long()
@@ -74,7 +78,9 @@ def build_support(
         # Public DPPO variant: the sampled token replaces the last top-K entry when absent.
         last = torch.full((n, 1), k - 1, device=device)
         replace = ~sampled_in_topk
-        ids = ids.scatter(1, last, torch.where(replace[:, None], sampled[:, None], ids.gather(1, last)))
+        ids = ids.scatter(
+            1, last, torch.where(replace[:, None], sampled[:, None], ids.gather(1, last))
+        )
         lp = lp.scatter(1, last, torch.where(replace[:, None], mu_k[:, None], lp.gather(1, last)))
         valid = valid.scatter(1, last, valid.gather(1, last) | replace[:, None])
         extra_valid = torch.zeros(n, 1, dtype=torch.bool, device=device)

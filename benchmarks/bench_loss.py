@@ -1,0 +1,191 @@
+"""Loss-path benchmark: the full pdm-agg path against a verl-style baseline on the same logits.
+
+    python benchmarks/bench_loss.py [--tokens 4096] [--vocab 151936] [--repeats 3]
+
+Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the logits):
+  a) verl baseline: verl 0.9.1's own ``logprobs_from_logits`` (on CPU its log-softmax path) and
+     ``compute_policy_loss_vanilla`` (clipped PPO), as a verl actor computes them;
+  b) pdm-agg: ``pdmask.trust_region.policy_loss`` (top-20 stats, mask, loss, diagnostics);
+  c) fused log-prob + clip: pdmask's chunked log-prob pass without top-K (what b) costs without the
+     trust-region statistics), to separate the statistics' cost from the log-prob kernel's.
+
+Each path runs in its own subprocess so that its peak resident memory (``ru_maxrss``) is its own.
+"Extra memory" is the peak above the logits and their gradient (which every path must hold), as a
+share of the logits' size. Paths alternate across repeats and the median time is reported, so
+ratios are measured side by side under the same machine load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
+def make_path(path: str):
+    """Import everything a path needs up front, so timing and memory see only the computation."""
+    if path == "verl":
+        from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
+        from verl.utils.torch_functional import logprobs_from_logits
+        from verl.workers.config import ActorConfig
+
+        cfg = ActorConfig(
+            strategy="fsdp",
+            rollout_n=1,
+            ppo_micro_batch_size_per_gpu=1,
+            clip_ratio_low=0.2,
+            clip_ratio_high=0.28,
+        )
+
+        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+            logp = logprobs_from_logits(logits, sampled)
+            loss, _ = compute_policy_loss_vanilla(
+                mu_logp[None],
+                logp[None],
+                adv[None],
+                mask[None],
+                loss_agg_mode="token-mean",
+                config=cfg,
+            )
+            return loss
+
+        return run
+    from pdmask.trust_region import policy_loss
+
+    if path == "pdm-agg":
+
+        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+            return policy_loss(
+                "pdm-agg", logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
+            ).loss
+
+        return run
+    if path == "fused-logprob":
+
+        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+            return policy_loss(
+                "grpo-clip-higher", logits, sampled, None, None, mu_logp, adv, mask
+            ).loss
+
+        return run
+    raise ValueError(path)
+
+
+def make_inputs(tokens: int, vocab: int, k: int, seed: int):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    # Filled chunk by chunk: a float32 [N, V] temporary would set the process's peak memory.
+    logits = torch.empty(tokens, vocab, dtype=torch.bfloat16)
+    for start in range(0, tokens, 64):
+        logits[start : start + 64] = torch.randn(min(64, tokens - start), vocab, generator=g) * 2
+    topk_logp = torch.log_softmax(torch.randn(tokens, 64, generator=g), -1)[:, :k]
+    topk_ids = torch.randint(0, vocab, (tokens, k), generator=g)
+    sampled = torch.randint(0, vocab, (tokens,), generator=g)
+    mu_logp = torch.log_softmax(torch.randn(tokens, 64, generator=g), -1)[:, 0]
+    adv = torch.randn(tokens, generator=g)
+    mask = torch.ones(tokens, dtype=torch.bool)
+    return logits.requires_grad_(True), sampled, topk_ids, topk_logp, mu_logp, adv, mask
+
+
+def run_one(path: str, tokens: int, vocab: int, k: int, seed: int) -> dict:
+    run = make_path(path)
+    warm = make_inputs(8, vocab, k, seed)
+    run(*warm).backward()  # load kernels, thread pools and lazy imports outside the measurement
+    del warm
+    inputs = make_inputs(tokens, vocab, k, seed)
+    logits = inputs[0]
+    setup_rss = _rss_bytes()
+    start = time.perf_counter()
+    run(*inputs).backward()
+    elapsed = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    logits_bytes = logits.numel() * logits.element_size()
+    extra = max(0, peak - setup_rss - logits_bytes)  # minus the gradient, same size as the logits
+    return {"path": path, "seconds": elapsed, "extra_bytes": extra, "logits_bytes": logits_bytes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=4096, help="N response tokens")
+    parser.add_argument("--vocab", type=int, default=151_936, help="logits width (Qwen3: 151,936)")
+    parser.add_argument("--topk", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--paths", default="verl,pdm-agg,fused-logprob")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per path (1 keeps ratios stable on a shared machine)",
+    )
+    parser.add_argument("--_child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args._child:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        print(json.dumps(run_one(args._child, args.tokens, args.vocab, args.topk, seed=0)))
+        return
+
+    paths = args.paths.split(",")
+    results: dict[str, list[dict]] = {p: [] for p in paths}
+    for rep in range(args.repeats):
+        order = paths if rep % 2 == 0 else list(reversed(paths))
+        for path in order:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--tokens",
+                    str(args.tokens),
+                    "--vocab",
+                    str(args.vocab),
+                    "--topk",
+                    str(args.topk),
+                    "--threads",
+                    str(args.threads),
+                    "--_child",
+                    path,
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
+            results[path].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            print(
+                f"  repeat {rep + 1}/{args.repeats} {path:>14}: {results[path][-1]['seconds']:.2f} s",
+                file=sys.stderr,
+            )
+
+    logits_gb = args.tokens * args.vocab * 2 / 1e9
+    print(
+        f"\nloss path, forward+backward, N={args.tokens} tokens x V={args.vocab} bf16 logits "
+        f"({logits_gb:.2f} GB), K={args.topk}, median of {args.repeats}"
+    )
+    print(f"{'path':>14} | {'time (s)':>8} | {'extra mem (MB)':>14} | {'extra / logits':>14}")
+    med = {}
+    for path in paths:
+        t = statistics.median(r["seconds"] for r in results[path])
+        extra = max(r["extra_bytes"] for r in results[path])
+        logits_bytes = results[path][0]["logits_bytes"]
+        med[path] = t
+        print(f"{path:>14} | {t:8.2f} | {extra / 1e6:14.1f} | {extra / logits_bytes:13.1%}")
+    if "verl" in med and "pdm-agg" in med:
+        print(
+            f"\nratio pdm-agg / verl baseline       : {med['pdm-agg'] / med['verl']:.3f}  (target <= 1.10)"
+        )
+    if "fused-logprob" in med and "pdm-agg" in med:
+        print(f"ratio pdm-agg / fused log-prob+clip : {med['pdm-agg'] / med['fused-logprob']:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""Shared console output for CLI commands: rich tables that fit 100 columns, JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+
+def console() -> Console:
+    # A fixed width keeps tables readable in logs and CI as well as in terminals.
+    return Console(width=100 if not sys.stdout.isatty() else None, highlight=False)
+
+
+def table(
+    title: str, columns: list[str], rows: list[list[Any]], wrap: set[str] | None = None
+) -> Table:
+    """A compact table; only the columns named in ``wrap`` may wrap (long free text)."""
+    wrap = wrap or set()
+    t = Table(
+        title=title, title_justify="left", header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    for col in columns:
+        t.add_column(col, no_wrap=col not in wrap, overflow="fold")
+    for row in rows:
+        t.add_row(*["" if v is None else str(v) for v in row])
+    return t
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")

@@ -1,0 +1,45 @@
+"""The typed experiment registry: recipes, models, precisions, clusters, sweeps and trials.
+
+Public API::
+
+    load_registry(root=None) -> Registry      # discover recipes/, sweeps/, dashboards/
+    Registry.expand(sweep, backend=, profile=) -> list[Trial]   # raises ValidationFailed
+    Recipe, Param                             # what a file in recipes/ declares
+    Trial                                     # one resolved trial; .trial_hash is its identity
+    MODELS, PRECISIONS, CLUSTERS              # the fixed catalog
+    plan_rows(trials, cluster) -> list[PlanRow]
+"""
+
+from pdmask.registry.catalog import (
+    CLUSTERS,
+    MODELS,
+    PRECISIONS,
+    ClusterProfile,
+    ModelSpec,
+    PrecisionSpec,
+)
+from pdmask.registry.plan import PlanRow, plan_rows
+from pdmask.registry.recipes import KNOWN_INPUTS, Param, Recipe
+from pdmask.registry.registry import BACKEND_SUPPLIES, Registry, load_registry
+from pdmask.registry.sweeps import SearchSpec, Sweep
+from pdmask.registry.trial import Trial
+
+__all__ = [
+    "BACKEND_SUPPLIES",
+    "CLUSTERS",
+    "KNOWN_INPUTS",
+    "MODELS",
+    "PRECISIONS",
+    "ClusterProfile",
+    "ModelSpec",
+    "Param",
+    "PlanRow",
+    "PrecisionSpec",
+    "Recipe",
+    "Registry",
+    "SearchSpec",
+    "Sweep",
+    "Trial",
+    "load_registry",
+    "plan_rows",
+]

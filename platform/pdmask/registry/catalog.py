@@ -1,0 +1,161 @@
+"""The fixed catalog: models, precisions and cluster profiles, typed and documented.
+
+Numbers marked *estimate* are planning defaults (GPU-hours, how many trials fit at once), not
+measurements; override them per sweep when you know your cluster's throughput.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GpuNeed(BaseModel):
+    """What one trial of a model needs on one kind of GPU."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gpus: int = Field(description="GPUs per trial (all on whole nodes when > gpus_per_node).")
+    seconds_per_step: float = Field(
+        description="Wall seconds per RL step at the paper's batch (*estimate*)."
+    )
+
+
+class ModelSpec(BaseModel):
+    """A model of the paper, its VeRL defaults and its stand-in on the embedded backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Registry name used in sweeps and the `pdm.model` tag.")
+    label: str = Field(description="Short label for figure panels (cosmetic).")
+    hub_id: str = Field(
+        description="Hugging Face id (downloaded by the cluster nodes, never here)."
+    )
+    logits_width: int = Field(
+        description="Padded lm-head width n: the uniform estimator divides by n - m."
+    )
+    params_total_b: float = Field(description="Total parameters, billions.")
+    params_active_b: float = Field(
+        description="Active parameters per token, billions (MoE < total)."
+    )
+    gpu_needs: dict[str, GpuNeed] = Field(description="Per GPU kind (H20, H100, H200).")
+    rollout_tp: int = Field(description="vLLM tensor-parallel size for rollout.")
+    ulysses_sp: int = Field(1, description="Ulysses sequence-parallel size for the actor.")
+    param_offload: bool = Field(False, description="FSDP parameter offload for the actor.")
+    sim_stand_in: str = Field(
+        description="Embedded-backend stand-in (a small model of growing size)."
+    )
+
+
+class PrecisionSpec(BaseModel):
+    """A precision setting: what it means for VeRL and for the embedded backend."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Registry name used in sweeps and the `pdm.precision` tag.")
+    label: str = Field(description="Short label for figure panels (cosmetic).")
+    verl: str = Field(description="What VeRL runs: rollout and trainer numerics.")
+    sim: str = Field(description="What the embedded backend emulates.")
+
+
+class ClusterProfile(BaseModel):
+    """A cluster to plan for: GPU-hours and how many trials fit at once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Profile name, e.g. `h20x32`.")
+    nodes: int = Field(description="Nodes in the cluster.")
+    gpus_per_node: int = Field(description="GPUs per node.")
+    gpu_kind: str = Field(description="GPU kind, a key of ModelSpec.gpu_needs.")
+    gpu_memory_gb: int = Field(description="Memory per GPU, GB.")
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def _needs(
+    h20: tuple[int, float], h100: tuple[int, float], h200: tuple[int, float]
+) -> dict[str, GpuNeed]:
+    return {
+        k: GpuNeed(gpus=g, seconds_per_step=s)
+        for k, (g, s) in {"H20": h20, "H100": h100, "H200": h200}.items()
+    }
+
+
+MODELS: dict[str, ModelSpec] = {
+    m.name: m
+    for m in [
+        ModelSpec(
+            name="qwen3-4b-base",
+            label="Qwen3-4B",
+            hub_id="Qwen/Qwen3-4B-Base",
+            logits_width=151_936,
+            params_total_b=4.0,
+            params_active_b=4.0,
+            gpu_needs=_needs((8, 420.0), (8, 200.0), (8, 170.0)),
+            rollout_tp=1,
+            sim_stand_in="tiny-4b",
+        ),
+        ModelSpec(
+            name="qwen3-8b-base",
+            label="Qwen3-8B",
+            hub_id="Qwen/Qwen3-8B-Base",
+            logits_width=151_936,
+            params_total_b=8.2,
+            params_active_b=8.2,
+            gpu_needs=_needs((8, 650.0), (8, 300.0), (8, 260.0)),
+            rollout_tp=2,
+            sim_stand_in="tiny-8b",
+        ),
+        ModelSpec(
+            name="qwen3-30b-a3b-base",
+            label="Qwen3-30B-A3B",
+            hub_id="Qwen/Qwen3-30B-A3B-Base",
+            logits_width=151_936,
+            params_total_b=30.5,
+            params_active_b=3.3,
+            gpu_needs=_needs((16, 720.0), (16, 330.0), (8, 420.0)),
+            rollout_tp=4,
+            ulysses_sp=1,
+            param_offload=False,
+            sim_stand_in="tiny-30b-a3b",
+        ),
+    ]
+}
+
+PRECISIONS: dict[str, PrecisionSpec] = {
+    p.name: p
+    for p in [
+        PrecisionSpec(
+            name="bf16",
+            label="BF16",
+            verl="vLLM rollout in BF16; FSDP actor in BF16 mixed precision (fp32 master).",
+            sim="Trainer in float32; behaviour copy runs its forward in bfloat16.",
+        ),
+        PrecisionSpec(
+            name="fp8-rollout",
+            label="FP8 rollout",
+            verl="vLLM rollout with FP8 (e4m3) weight quantisation, re-quantised after each "
+            "weight sync; FSDP actor in BF16.",
+            sim="Behaviour copy's weights quantised to float8 e4m3 (scaled) and back; "
+            "trainer in float32.",
+        ),
+        PrecisionSpec(
+            name="fp8-e2e",
+            label="FP8 end-to-end",
+            verl="FP8 rollout as above plus FP8 training as far as verl 0.9.1 supports it "
+            "(see the VeRL backend's README for what is and is not possible).",
+            sim="FP8 behaviour weights, and the trainer's forward FP8-emulated too.",
+        ),
+    ]
+}
+
+CLUSTERS: dict[str, ClusterProfile] = {
+    c.name: c
+    for c in [
+        ClusterProfile(name="h20x32", nodes=4, gpus_per_node=8, gpu_kind="H20", gpu_memory_gb=96),
+        ClusterProfile(name="h100x16", nodes=2, gpus_per_node=8, gpu_kind="H100", gpu_memory_gb=80),
+        ClusterProfile(name="h200x8", nodes=1, gpus_per_node=8, gpu_kind="H200", gpu_memory_gb=141),
+    ]
+}
+"""Cluster profiles; `h20x32` is the paper's (4 nodes x 8 H20 96 GB)."""

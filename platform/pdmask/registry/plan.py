@@ -1,0 +1,72 @@
+"""The plan of a sweep: one row per trial with resources, GPU-hour estimates and status."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pydantic import BaseModel, Field
+
+from pdmask.registry.catalog import CLUSTERS, MODELS
+from pdmask.registry.trial import Trial
+
+DEFAULT_VERL_STEPS = 300  # planning default when a sweep sets no `steps` (*estimate*)
+
+
+class PlanRow(BaseModel):
+    trial_hash: str
+    method: str
+    model: str
+    precision: str
+    delta: float | None
+    seed: int
+    backend: str
+    resources: str = Field(description="What one trial occupies while it runs.")
+    gpus: int = Field(
+        description="GPUs per trial on the cluster profile (0 on the embedded backend)."
+    )
+    est_gpu_hours: float = Field(
+        description="Estimated GPU-hours on the cluster profile (*estimate*)."
+    )
+    status: str = Field(description="done / failed / running / todo (from the tracking store).")
+    run_name: str
+
+
+def plan_rows(
+    trials: list[Trial], cluster: str = "h20x32", status_of: Callable[[Trial], str] | None = None
+) -> list[PlanRow]:
+    profile = CLUSTERS[cluster]
+    rows = []
+    for t in trials:
+        need = MODELS[t.model].gpu_needs[profile.gpu_kind]
+        steps = t.steps or DEFAULT_VERL_STEPS
+        gpu_hours = need.gpus * need.seconds_per_step * steps / 3600
+        resources = "1 CPU" if t.backend == "sim" else f"{need.gpus} {profile.gpu_kind}"
+        rows.append(
+            PlanRow(
+                trial_hash=t.trial_hash,
+                method=t.method,
+                model=t.model,
+                precision=t.precision,
+                delta=t.delta,
+                seed=t.seed,
+                backend=t.backend,
+                resources=resources,
+                gpus=need.gpus,
+                est_gpu_hours=round(gpu_hours, 1),
+                status=status_of(t) if status_of else "todo",
+                run_name=t.run_name(),
+            )
+        )
+    return rows
+
+
+def concurrent_trials(rows: list[PlanRow], cluster: str) -> int:
+    """How many of these trials fit on the cluster at once (largest first, whole GPUs)."""
+    total = CLUSTERS[cluster].gpus
+    fits, used = 0, 0
+    for gpus in sorted((r.gpus for r in rows), reverse=False):
+        if used + gpus > total:
+            break
+        used += gpus
+        fits += 1
+    return fits

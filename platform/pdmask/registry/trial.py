@@ -1,0 +1,85 @@
+"""A trial: one fully resolved, hashable training run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Fields that never change what is trained: excluded from the identity hash.
+COSMETIC_FIELDS = frozenset({"sweep"})
+
+
+class Trial(BaseModel):
+    """Everything a backend needs to run one trial. Its ``trial_hash`` is its identity."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sweep: str = Field(
+        description="Sweep that planned it (the MLflow experiment); not part of identity."
+    )
+    method: str = Field(description="Recipe name, e.g. `pdm-agg`.")
+    recipe_version: int = Field(
+        description="The recipe's `version` (bumped when its behaviour changes)."
+    )
+    params: dict[str, Any] = Field(
+        description="The recipe's parameters, defaults resolved (delta included)."
+    )
+    model: str = Field(description="Registry model, e.g. `qwen3-4b-base`.")
+    precision: Literal["bf16", "fp8-rollout", "fp8-e2e"] = Field(description="Precision setting.")
+    delta: float | None = Field(
+        description="Trust-region size (tagged also for methods that ignore it)."
+    )
+    seed: int = Field(description="Random seed of the whole trial.")
+    backend: Literal["sim", "verl"] = Field(description="Training backend.")
+    profile: str = Field(
+        description="Budget profile of the embedded backend (`smoke`, `default`, `full`)."
+    )
+    steps: int | None = Field(
+        None, description="RL steps for the VeRL backend (None: its default)."
+    )
+    mu_source: Literal["rollout", "recompute"] = Field(
+        "rollout",
+        description="Where mu's top-K comes from: the rollout engine, or the trainer's old-policy forward.",
+    )
+
+    def identity(self) -> dict[str, Any]:
+        """The semantic content that defines the trial (what the hash covers)."""
+        return self.model_dump(mode="json", exclude=set(COSMETIC_FIELDS))
+
+    @property
+    def trial_hash(self) -> str:
+        """sha256 of the canonical JSON of ``identity()``: stable across processes and machines."""
+        canonical = json.dumps(
+            self.identity(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def setting(self) -> str:
+        """Panel key, e.g. `4b-bf16`, `30b-fp8-e2e`."""
+        size = self.model.removeprefix("qwen3-").removesuffix("-base").replace("-a3b", "")
+        return f"{size}-{self.precision}"
+
+    def tags(self) -> dict[str, str]:
+        """The `pdm.*` MLflow tags of the run contract (design.md)."""
+        return {
+            "pdm.sweep": self.sweep,
+            "pdm.trial_hash": self.trial_hash,
+            "pdm.method": self.method,
+            "pdm.model": self.model,
+            "pdm.precision": self.precision,
+            "pdm.setting": self.setting,
+            "pdm.delta": "" if self.delta is None else repr(float(self.delta)),
+            "pdm.seed": str(self.seed),
+            "pdm.backend": self.backend,
+            "pdm.profile": self.profile,
+            "pdm.mu_source": self.mu_source,
+        }
+
+    def run_name(self) -> str:
+        """Human-readable run name (display only: identity is the hash tag)."""
+        delta = "" if self.delta is None else f"-d{self.delta:g}"
+        return f"{self.method}-{self.setting}{delta}-s{self.seed}"

@@ -1,0 +1,86 @@
+"""A new baseline is one file in recipes/: discovered, listed, planned, with its own math."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from pdmask.registry import load_registry
+from pdmask.trust_region import compute_token_stats
+
+from .conftest import pdm
+
+NEW_RECIPE = '''"""Hard top-K KL trust region: mask every out-of-region token whatever the direction.
+
+A method that exists nowhere else in pdmask: it brings its own per-token mask.
+"""
+
+from pdmask.registry import Param, Recipe
+
+
+def hard_region_mask(stats, advantages, params):
+    # Outside the region and carrying a learning signal: zero the gradient, no direction test.
+    return (stats.kl_topk > params["delta"]) & (advantages != 0)
+
+
+RECIPE = Recipe(
+    name="hard-topk-kl",
+    display_name="Hard top-K KL",
+    color="#000000",
+    summary=__doc__.splitlines()[0],
+    mask=hard_region_mask,
+    params={"delta": Param(default=0.1, ge=1e-6, description="Trust-region size.")},
+    needs=("behaviour_topk",),
+)
+'''
+
+
+def test_dropped_in_recipe_is_listed_and_planned(project):
+    (project / "recipes" / "hard_topk_kl.py").write_text(NEW_RECIPE)
+    listed = json.loads(pdm("recipes", "list", "--json", project=project, check=True).stdout)
+    assert "hard-topk-kl" in {r["name"] for r in listed}
+    assert next(r for r in listed if r["name"] == "hard-topk-kl")["custom_mask"] is True
+    (project / "sweeps" / "hard.yaml").write_text(
+        "name: hard\ndescription: new baseline\nseeds: 2\n"
+        "grid: {method: [hard-topk-kl, pdm-agg], model: [qwen3-4b-base], precision: [bf16], delta: [0.2]}\n"
+    )
+    plan = json.loads(
+        pdm("sweep", "hard", "--dry-run", "--json", project=project, check=True).stdout
+    )
+    methods = [r["method"] for r in plan["trials"]]
+    assert methods.count("hard-topk-kl") == 2
+    assert {
+        r["config"]["params"]["delta"] for r in plan["trials"] if r["method"] == "hard-topk-kl"
+    } == {0.2}
+
+    # Its own math is what the backends will call.
+    recipe = load_registry(project).recipes["hard-topk-kl"]
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 30, generator=g, dtype=torch.float64) * 3
+    lp, ids = torch.log_softmax(torch.randn(50, 30, generator=g, dtype=torch.float64), -1).topk(
+        5, -1
+    )
+    sampled = ids[:, 0]
+    stats = compute_token_stats(logits, sampled, ids, lp, lp[:, 0])
+    adv = torch.randn(50, generator=g, dtype=torch.float64)
+    mask = recipe.mask_fn({"delta": 0.2})(stats, adv)
+    assert torch.equal(mask, (stats.kl_topk > 0.2) & (adv != 0))
+
+
+def test_composed_recipe_mask_matches_math_api():
+    from pdmask.trust_region import method_mask
+
+    reg = load_registry()
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 40, generator=g, dtype=torch.float64) * 3
+    lp, ids = torch.log_softmax(torch.randn(64, 40, generator=g, dtype=torch.float64), -1).topk(
+        5, -1
+    )
+    stats = compute_token_stats(logits, ids[:, 1], ids, lp, lp[:, 1])
+    adv = torch.randn(64, generator=g, dtype=torch.float64)
+    for name, recipe in reg.recipes.items():
+        params, errors = recipe.resolve_params({"delta": 0.05} if recipe.uses_delta else {})
+        assert not errors
+        expected = method_mask(name, stats, adv, delta=params.get("delta"))
+        assert torch.equal(recipe.mask_fn(params)(stats, adv), expected), name

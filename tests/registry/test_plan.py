@@ -1,0 +1,93 @@
+"""The paper's sweeps expand into the right grids; the plan is printable and scriptable."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from pdmask.registry import load_registry
+
+from .conftest import ROOT, pdm
+
+SETTINGS = {
+    ("qwen3-4b-base", "bf16"),
+    ("qwen3-8b-base", "bf16"),
+    ("qwen3-30b-a3b-base", "fp8-e2e"),
+    ("qwen3-30b-a3b-base", "fp8-rollout"),
+}
+METHODS = {"grpo-clip-higher", "dppo-topk-kl", "pdm-agg", "pdm-uni"}
+
+
+def _check_figure_grid(plan: dict, delta: float) -> None:
+    by_seed: dict[int, set] = {}
+    for row in plan["trials"]:
+        assert row["delta"] == delta
+        by_seed.setdefault(row["seed"], set()).add((row["method"], row["model"], row["precision"]))
+    assert len(by_seed) >= 2
+    for cells in by_seed.values():
+        assert cells == {(m, mo, p) for m in METHODS for mo, p in SETTINGS}  # the 16 cells
+
+
+def test_main_figure_and_delta_ablation_dry_run_json():
+    for sweep, delta in (("main-figure", 0.15), ("delta-ablation", 0.05)):
+        out = pdm("sweep", sweep, "--dry-run", "--json", check=True)
+        plan = json.loads(out.stdout)
+        _check_figure_grid(plan, delta)
+        row = plan["trials"][0]
+        assert {"trial_hash", "resources", "est_gpu_hours", "status", "config", "tags"} <= set(row)
+        assert row["tags"]["pdm.trial_hash"] == row["trial_hash"]
+
+
+def test_table_fits_100_columns():
+    out = pdm("sweep", "main-figure", "--dry-run", check=True)
+    lines = out.stdout.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 100
+    assert sum("pdm-agg" in line for line in lines) == 8
+
+
+def test_dry_run_writes_nothing(project):
+    pdm("sweep", "main-figure", "--dry-run", project=project, check=True)
+    assert not (project / ".pdm" / "mlflow.db").exists()
+
+
+def test_grid_operators_product_zip_union_and_overrides(project):
+    (project / "sweeps" / "ops.yaml").write_text(
+        """
+name: ops
+description: operators
+seeds: [3, 4]
+grid:
+  union:
+    - product:
+        - method: [pdm-agg, dppo-topk-kl]
+        - zip: {model: [qwen3-4b-base, qwen3-8b-base], precision: [bf16, fp8-rollout]}
+      delta: 0.1
+    - {method: grpo-clip-higher, model: qwen3-4b-base, precision: bf16}
+overrides:
+  - where: {method: pdm-agg, model: qwen3-8b-base}
+    set: {delta: 0.3}
+  - where: {method: grpo-clip-higher}
+    set: {params.eps_high: 0.4}
+""".replace("      delta: 0.1", "    - delta: [0.1]").replace(
+            "  union:\n    - product:", "  union:\n    - product:"
+        )
+    )
+    text = (project / "sweeps" / "ops.yaml").read_text()
+    text = text.replace("    - delta: [0.1]\n    - {method", "    - {method")
+    text = text.replace(
+        "        - zip: {model: [qwen3-4b-base, qwen3-8b-base], precision: [bf16, fp8-rollout]}\n",
+        "        - zip: {model: [qwen3-4b-base, qwen3-8b-base], precision: [bf16, fp8-rollout]}\n        - delta: [0.1]\n",
+    )
+    (project / "sweeps" / "ops.yaml").write_text(text)
+    trials = load_registry(project).expand("ops")
+    assert len(trials) == (2 * 2 + 1) * 2
+    cells = Counter((t.method, t.model, t.precision, t.delta) for t in trials)
+    assert cells[("pdm-agg", "qwen3-8b-base", "fp8-rollout", 0.3)] == 2
+    assert cells[("pdm-agg", "qwen3-4b-base", "bf16", 0.1)] == 2
+    grpo = [t for t in trials if t.method == "grpo-clip-higher"]
+    assert {t.params["eps_high"] for t in grpo} == {0.4} and {t.seed for t in grpo} == {3, 4}
+
+
+def test_search_sweep_plans_its_base():
+    trials = load_registry(ROOT).expand("delta-search")
+    assert len(trials) == 1 and trials[0].method == "pdm-agg"
