@@ -21,6 +21,7 @@ Precisions on verl 0.9.1 (what it supports, found in its code):
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_MAX_LOGPROBS
@@ -159,3 +160,19 @@ def verl_overrides(
             del o[existing]
         o[key] = value
     return [f"{key}={_value(value)}" for key, value in o.items()]
+
+
+def job_env(
+    *, tracking_uri: str, run_id: str | None = None, tags: dict[str, str] | None = None
+) -> dict[str, str]:
+    """Environment variables of a VeRL job (Ray job runtime env: reaches every actor on every node).
+
+    With ``run_id`` verl attaches to that pre-created run; otherwise ``tags`` are applied when verl
+    creates the run.
+    """
+    env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, "MLFLOW_TRACKING_URI": tracking_uri}
+    if run_id:
+        env["MLFLOW_RUN_ID"] = run_id
+    elif tags:
+        env["MLFLOW_RUN_CONTEXT"] = json.dumps({k: str(v) for k, v in tags.items()})
+    return env

@@ -1,0 +1,107 @@
+"""The MLflow side of a VeRL job: the run the sweep expects, its tags, and FAILED on failure.
+
+verl's ``Tracking`` (in the TaskRunner process) logs into MLflow: experiment =
+``trainer.project_name``, run name = ``trainer.experiment_name``. How a sweep finds its run
+(design.md's contract) is set up by the job's environment (``overrides.job_env``):
+
+- attach: the sweep pre-creates the run with its ``pdm.*`` tags and passes ``MLFLOW_RUN_ID``;
+  verl logs into it. Tags only on the pre-created run: a param verl logs with a different value
+  makes MLflow fail, and verl then silently continues without MLflow;
+- tags at creation: ``MLFLOW_RUN_CONTEXT`` (JSON) becomes tags when verl creates the run.
+
+In the job, pdmask's trainer then checks that verl's MLflow backend really started, adds what only
+the job knows (verl version, loss, mu source, rollout precision), logs the resolved config as an
+artifact, and marks the run FAILED, with the reason, when the job raises (verl would mark a crashed
+run FINISHED).
+"""
+
+from __future__ import annotations
+
+import os
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from omegaconf import OmegaConf
+
+from pdmask.errors import TrackingError
+
+FAILURE_TAG = "pdm.failure_reason"
+CONFIG_ARTIFACT = "verl_config.yaml"
+
+
+def _select(config, path: str, default=None):
+    return OmegaConf.select(config, path, default=default)
+
+
+def job_tags(config) -> dict[str, str]:
+    """Facts only the running job knows, as run tags."""
+    import verl
+
+    quantization = _select(config, "actor_rollout_ref.rollout.quantization")
+    kv_cache = _select(config, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype")
+    return {
+        "pdm.backend": "verl",
+        "pdm.verl.version": verl.__version__,
+        "pdm.verl.loss_mode": str(_select(config, "actor_rollout_ref.actor.policy_loss.loss_mode")),
+        "pdm.verl.mu_source": str(
+            _select(config, "actor_rollout_ref.actor.policy_loss.pdm_mu_source", "rollout")
+        ),
+        "pdm.verl.rollout_quantization": str(quantization or "none"),
+        "pdm.verl.kv_cache_dtype": str(kv_cache or "auto"),
+        "pdm.verl.trainer_dtype": str(
+            _select(config, "actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
+        ),
+    }
+
+
+def uses_mlflow(config) -> bool:
+    backends = _select(config, "trainer.logger", []) or []
+    return "mlflow" in ([backends] if isinstance(backends, str) else list(backends))
+
+
+def start_of_training(config, tracking) -> None:
+    """Right after verl created its ``Tracking``: check MLflow is live, tag, log the config."""
+    if not uses_mlflow(config):
+        return
+    if "mlflow" not in getattr(tracking, "logger", {}):
+        raise TrackingError(
+            "verl's MLflow backend did not start (see the warnings above: with MLFLOW_RUN_ID, a param "
+            "already on that run with another value disables it); refusing to train unrecorded"
+        )
+    import mlflow
+
+    mlflow.set_tags(job_tags(config))
+    mlflow.log_dict(OmegaConf.to_container(config, resolve=True), CONFIG_ARTIFACT)
+
+
+def mark_failed(reason: str) -> None:
+    """FAILED with the reason: the active run, else the pre-created ``MLFLOW_RUN_ID``, else nothing."""
+    import mlflow
+
+    reason = reason[
+        -5000:
+    ]  # MLflow's tag value limit; the end of a traceback is the informative part
+    run = mlflow.active_run()
+    if run is not None:
+        mlflow.set_tag(FAILURE_TAG, reason)
+        mlflow.end_run(status="FAILED")
+        return
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if run_id:
+        client = mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI"))
+        client.set_tag(run_id, FAILURE_TAG, reason)
+        client.set_terminated(run_id, status="FAILED")
+
+
+@contextmanager
+def failure_marked() -> Iterator[None]:
+    """Re-raises whatever happens inside, after marking the job's run FAILED."""
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            mark_failed("".join(traceback.format_exception(exc)))
+        except Exception:  # never hide the job's own error behind a tracking error
+            traceback.print_exc()
+        raise

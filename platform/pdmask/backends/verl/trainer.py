@@ -1,0 +1,74 @@
+"""pdmask's verl trainer, ``trainer.v1.trainer_mode=pdm_sync``: verl's synchronous v1 trainer plus
+
+- start-up checks of the settings pdmask's methods depend on, before any GPU is allocated;
+- pdmask's actor worker (loss + logits hook) in place of verl's;
+- the old-policy pass marker when mu is recomputed by the trainer (``pdm_mu_source=recompute``);
+- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure.
+"""
+
+from __future__ import annotations
+
+import ray
+from omegaconf import open_dict
+from verl.trainer.ppo.utils import Role
+from verl.trainer.ppo.v1.trainer_base import register_trainer
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+from pdmask.backends.verl import compat, tracking
+from pdmask.backends.verl.checks import TRAINER_NAME, check_job_config
+from pdmask.backends.verl.loss_names import method_for_loss_mode
+from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY
+from pdmask.backends.verl.worker import PDMActorRolloutRefWorker
+
+compat.require(["trainer"])
+
+# The roles verl maps to its ActorRolloutRefWorker (trainer_base._init_resource_pool_mgr).
+_ACTOR_ROLES = (Role.Actor, Role.ActorRollout, Role.ActorRolloutRef, Role.RefPolicy)
+
+
+@register_trainer(TRAINER_NAME)
+class PDMTrainerSync(PPOTrainerSync):
+    def __init__(self, config):
+        with tracking.failure_marked():
+            check_job_config(config)
+            # verl branches on the literal mode "sync" (replay buffer, refills, checkpoints); a new
+            # name would silently select the asynchronous replay buffer. The class is already chosen.
+            with open_dict(config):
+                config.trainer.v1.trainer_mode = "sync"
+            super().__init__(config)
+            policy_loss = config.actor_rollout_ref.actor.policy_loss
+            self.recompute_mu = (
+                method_for_loss_mode(policy_loss.loss_mode) is not None
+                and policy_loss.get("pdm_mu_source", "rollout") == "recompute"
+            )
+
+    def init(self):
+        with tracking.failure_marked():
+            super().init()
+
+    def fit(self, agent_loop_manager):
+        with tracking.failure_marked():
+            super().fit(agent_loop_manager)
+
+    def on_train_begin(self):
+        super().on_train_begin()
+        tracking.start_of_training(self.config, self.logger)
+
+    def _init_resource_pool_mgr(self):
+        super()._init_resource_pool_mgr()
+        worker = ray.remote(PDMActorRolloutRefWorker)
+        for role in _ACTOR_ROLES:
+            if role in self.role_worker_mapping:
+                self.role_worker_mapping[role] = worker
+
+    def _compute_old_log_prob(self, batch, metrics):
+        if not self.recompute_mu:
+            return super()._compute_old_log_prob(batch, metrics)
+        batch.extra_info[PHASE_KEY] = OLD_PHASE
+        try:
+            output = super()._compute_old_log_prob(batch, metrics)
+        finally:
+            # Must never reach update_actor: the old-phase loss is zero (the worker also refuses it).
+            batch.extra_info.pop(PHASE_KEY, None)
+        output.extra_info.pop(PHASE_KEY, None)
+        return output

@@ -1,0 +1,78 @@
+"""verl's actor worker with pdmask's loss installed and the logits hook switched on.
+
+Differences from ``ActorRolloutRefWorker``, all confined to pdmask's losses (``vanilla`` and every
+other verl loss run exactly as upstream):
+
+- ``init_model`` replaces the actor's ``ppo_loss`` by ``pdm_ppo_loss`` (same actor config);
+- ``update_actor`` sets ``distillation_use_topk`` on the batch so verl's FSDP engine calls the
+  loss function on the logits (the flag's name is verl's; no distillation happens);
+- ``compute_log_prob`` during the old-policy pass (``pdm_mu_source=recompute``) also asks for the
+  hook and turns its per-slot outputs into the ``pdm_mu_topk_*`` fields, which verl's transfer
+  queue bridge stores with the batch.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from verl.single_controller.base.decorator import (
+    Dispatch,
+    make_nd_compute_dataproto_dispatch_fn,
+    register,
+)
+from verl.utils import tensordict_utils as tu
+from verl.workers.engine_workers import ActorRolloutRefWorker
+
+from pdmask.backends.verl import compat
+from pdmask.backends.verl.layout import TOPK_IDS, TOPK_LOGPROBS, stack_old_slots
+from pdmask.backends.verl.loss import LossSettings, pdm_ppo_loss
+from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY, phase
+from pdmask.errors import ConfigError
+
+compat.require(["worker", "engine"])
+
+HOOK_FLAG = "distillation_use_topk"
+
+
+class PDMActorRolloutRefWorker(ActorRolloutRefWorker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self):
+        super().init_model()
+        self.pdm_settings = None
+        if self.actor is None:
+            return
+        actor_config = self.loss_fn.keywords["config"]
+        self.pdm_settings = LossSettings.from_actor_config(actor_config)
+        if self.pdm_settings is None:
+            return
+        if self.distillation_enabled:
+            raise ConfigError(
+                "distillation.enabled: pdmask's losses cannot run with verl's distillation"
+            )
+        self.loss_fn = partial(pdm_ppo_loss, config=actor_config)
+        self.actor.set_loss_fn(self.loss_fn)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def update_actor(self, data):
+        if phase(data) is not None:
+            # In the old-policy phase the loss is zero: a leaked marker would silently stop training.
+            raise RuntimeError(
+                f"{PHASE_KEY} reached update_actor; the trainer must clear it after the old pass"
+            )
+        if self.pdm_settings is not None:
+            tu.assign_non_tensor_data(data, HOOK_FLAG, True)
+        return super().update_actor(data)
+
+    @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
+    def compute_log_prob(self, data):
+        if phase(data) != OLD_PHASE or self.pdm_settings is None:
+            return super().compute_log_prob(data)
+        # Without compute_loss the engine has no function to call and would crash on the hook flag.
+        tu.assign_non_tensor_data(data, "compute_loss", True)
+        tu.assign_non_tensor_data(data, HOOK_FLAG, True)
+        output = super().compute_log_prob(data)
+        if output is not None:
+            ids, lps = stack_old_slots(output, self.pdm_settings.topk)
+            output[TOPK_IDS] = ids
+            output[TOPK_LOGPROBS] = lps
+        return output
