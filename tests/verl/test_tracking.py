@@ -98,7 +98,8 @@ def test_tags_at_creation_and_failed_status(store, monkeypatch):
     artifact = mlflow.artifacts.download_artifacts(
         run_id=run_id, artifact_path=tracking.CONFIG_ARTIFACT, tracking_uri=uri
     )
-    assert "pdm_agg" in open(artifact).read()
+    with open(artifact) as fh:
+        assert "pdm_agg" in fh.read()
 
 
 def test_attach_to_a_precreated_run(store, monkeypatch):
