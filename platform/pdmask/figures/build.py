@@ -8,7 +8,6 @@ into ``out_dir`` (default ``<state>/figures/<sweep>/<figure>``) and the history 
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -20,13 +19,14 @@ import pandas as pd
 from pdmask import __version__
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
-from pdmask.figures.panels import make_panels, plotted_rows, seed_count_text
+from pdmask.figures.panels import make_panels, plotted_frame, seed_count_text
 from pdmask.figures.render import GridStyle, Panel, draw_grid, save
 from pdmask.figures.runs import Selection, list_runs, open_client, select_runs
 from pdmask.figures.spec import BandSpec, FigureSpec, SmoothingSpec, load_spec, spec_path
 from pdmask.figures.styles import MethodStyle, resolve_styles
 from pdmask.figures.summary import summary_markdown, summary_rows
-from pdmask.paths import default_tracking_uri, state_dir
+from pdmask.paths import state_dir
+from pdmask.tracking.store import resolve_tracking_uri
 
 
 @dataclass
@@ -101,8 +101,8 @@ def _write_main(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label
         footnote=_footnote(ctx, spec.smoothing),
     )
     save(fig, ctx.path("png", f"{spec.name}.png"), ctx.path("pdf", f"{spec.name}.pdf"), spec.layout)
-    rows = plotted_rows(spec.name, spec.metric.pattern, ctx.keys, panels)
-    pd.DataFrame(rows).to_csv(ctx.path("data_csv", f"{spec.name}.data.csv"), index=False)
+    frame = plotted_frame(spec.name, spec.metric.pattern, ctx.keys, panels)
+    frame.to_csv(ctx.path("data_csv", f"{spec.name}.data.csv"), index=False)
     return panels
 
 
@@ -110,7 +110,7 @@ def _write_diagnostics(ctx: _Context, seeds: str) -> None:
     spec, dspec = ctx.spec, ctx.spec.diagnostics
     band = dspec.band or spec.band
     grid: list[list[Panel]] = []
-    rows: list[dict] = []
+    frames: list[pd.DataFrame] = []
     for metric in dspec.metrics:
         cells = metric_curves(ctx.selection, ctx.histories, metric.name, dspec.smoothing)
         panels = make_panels(spec, ctx.selection, cells, band, ctx.styles)
@@ -118,7 +118,7 @@ def _write_diagnostics(ctx: _Context, seeds: str) -> None:
             for panel in panels:
                 panel.title = ""
         grid.append(panels)
-        rows += plotted_rows(f"{spec.name}-diagnostics", metric.name, ctx.keys, panels)
+        frames.append(plotted_frame(f"{spec.name}-diagnostics", metric.name, ctx.keys, panels))
     fig = draw_grid(
         grid,
         _grid_style(ctx, band, seeds),
@@ -135,7 +135,9 @@ def _write_diagnostics(ctx: _Context, seeds: str) -> None:
         ctx.path("diagnostics_pdf", f"{stem}.pdf"),
         spec.layout,
     )
-    pd.DataFrame(rows).to_csv(ctx.path("diagnostics_csv", f"{stem}.data.csv"), index=False)
+    pd.concat(frames, ignore_index=True).to_csv(
+        ctx.path("diagnostics_csv", f"{stem}.data.csv"), index=False
+    )
 
 
 def _write_summary(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label: str) -> str:
@@ -211,7 +213,7 @@ def build_figure(
     started = time.perf_counter()
     spec = load_spec(name)
     sweep = sweep or spec.sweep
-    uri = tracking_uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
+    uri = resolve_tracking_uri(tracking_uri)
     out = Path(out_dir) if out_dir else state_dir() / "figures" / sweep / spec.name
     out.mkdir(parents=True, exist_ok=True)
 
@@ -220,6 +222,7 @@ def build_figure(
     cache = HistoryCache(state_dir() / "cache" / "metric-history", uri, enabled=use_cache)
     fetch = FetchStats()
     histories = load_histories(client, wanted_metrics(spec, selection), cache, fetch)
+    read_s = time.perf_counter() - started
     ctx = _Context(spec, sweep, out, resolve_styles(spec.methods, styles), selection, histories)
 
     cells = eval_curves(spec, selection, histories)
@@ -231,7 +234,9 @@ def build_figure(
     markdown = _write_summary(ctx, cells, y_label)
 
     notes = [
-        f"{p.title}: {n}" for p, panel in zip(spec.panels, panels, strict=True) for n in panel.notes
+        " ".join(f"{p.title}: {n}".split())  # titles and notes may hold line breaks
+        for p, panel in zip(spec.panels, panels, strict=True)
+        for n in panel.notes
     ]
     notes += [
         f"stopped: run {s.run_id} ({line.method}, {key}, seed {s.seed}, {s.status}) at step {s.step}"
@@ -239,7 +244,12 @@ def build_figure(
         for line in panel.lines
         for s in line.stops
     ]
-    stats = {"runs": len(selection.runs()), "fetched": fetch.fetched, "cached": fetch.cached}
+    stats = {
+        "runs": len(selection.runs()),
+        "fetched": fetch.fetched,
+        "cached": fetch.cached,
+        "read_seconds": round(read_s, 3),  # listing runs + metric histories (MLflow or cache)
+    }
     ctx.paths["manifest"] = out / f"{spec.name}.manifest.json"
     stats["seconds"] = round(time.perf_counter() - started, 3)
     manifest = _manifest(ctx, uri, name, cells, datasets, notes, stats)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
+import pandas as pd
+
 from pdmask.figures.cells import CellCurves
 from pdmask.figures.render import Line, Panel, StopMark
 from pdmask.figures.runs import Selection
@@ -61,47 +64,55 @@ def make_panels(
     return panels
 
 
-def plotted_rows(figure: str, metric: str, keys: list[str], panels: list[Panel]) -> list[dict]:
+COLUMNS = ["figure", "setting", "metric", "method", "series", "step", "value", "band_lower",
+           "band_upper", "n_seeds", "sd", "run_id", "seed", "status"]  # fmt: skip
+
+
+def plotted_frame(figure: str, metric: str, keys: list[str], panels: list[Panel]) -> pd.DataFrame:
     """The exact plotted data: the seed means with their band, then the stop markers."""
-    rows: list[dict] = []
-    nan = float("nan")
+    frames = []
     for key, panel in zip(keys, panels, strict=True):
         for line in panel.lines:
             agg = line.aggregate
             base = {"figure": figure, "setting": key, "metric": metric, "method": line.method}
-            for i in range(len(agg)):
-                rows.append(
+            frames.append(
+                pd.DataFrame(
                     {
                         **base,
                         "series": "mean",
-                        "step": int(agg.steps[i]),
-                        "value": agg.mean[i],
-                        "band_lower": agg.lower[i],
-                        "band_upper": agg.upper[i],
-                        "n_seeds": int(agg.n_seeds[i]),
-                        "sd": agg.sd[i],
+                        "step": agg.steps,
+                        "value": agg.mean,
+                        "band_lower": agg.lower,
+                        "band_upper": agg.upper,
+                        "n_seeds": agg.n_seeds,
+                        "sd": agg.sd,
                         "run_id": "",
                         "seed": "",
                         "status": "",
                     }
+                )  # fmt: skip
+            )
+            if line.stops:
+                frames.append(
+                    pd.DataFrame(
+                        {
+                            **base,
+                            "series": "stop",
+                            "step": [s.step for s in line.stops],
+                            "value": [s.value for s in line.stops],
+                            "band_lower": np.nan,
+                            "band_upper": np.nan,
+                            "n_seeds": 1,
+                            "sd": np.nan,
+                            "run_id": [s.run_id for s in line.stops],
+                            "seed": [s.seed for s in line.stops],
+                            "status": [s.status for s in line.stops],
+                        }
+                    )  # fmt: skip
                 )
-            for stop in line.stops:
-                rows.append(
-                    {
-                        **base,
-                        "series": "stop",
-                        "step": stop.step,
-                        "value": stop.value,
-                        "band_lower": nan,
-                        "band_upper": nan,
-                        "n_seeds": 1,
-                        "sd": nan,
-                        "run_id": stop.run_id,
-                        "seed": stop.seed,
-                        "status": stop.status,
-                    }
-                )
-    return rows
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS)
+    return pd.concat(frames, ignore_index=True)[COLUMNS]
 
 
 def seed_count_text(panels: list[Panel]) -> str:

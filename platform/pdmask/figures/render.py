@@ -158,7 +158,7 @@ def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
         ax.set_yscale("symlog", linthresh=1e-3)
     else:
         ax.yaxis.set_major_locator(MaxNLocator(5))
-        formatter = ScalarFormatter(useMathText=True)
+        formatter = ScalarFormatter(useMathText=False)  # mathtext parsing is slow
         formatter.set_powerlimits((-3, 4))  # only tiny values get a "×10⁻⁴" offset
         ax.yaxis.set_major_formatter(formatter)
     if panel.notes:
@@ -350,5 +350,6 @@ def draw_grid(
 
 def save(fig: Figure, png: Path, pdf: Path, layout: LayoutSpec) -> None:
     with mpl.rc_context(_rc(layout)):
-        fig.savefig(png, dpi=layout.dpi)
+        # Fast zlib level: the PNG is ~20% larger and encodes several times faster.
+        fig.savefig(png, dpi=layout.dpi, pil_kwargs={"compress_level": 1})
         fig.savefig(pdf, metadata={"Creator": "pdmask", "CreationDate": None})

@@ -12,7 +12,6 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlparse
 
 from pdmask.errors import ConfigError, TrackingError
 from pdmask.figures.spec import FigureSpec
@@ -56,15 +55,14 @@ class RunRecord:
 
 
 def open_client(tracking_uri: str):
-    """An MlflowClient for ``tracking_uri``; a missing sqlite file is an error, not a new store."""
-    parsed = urlparse(tracking_uri)
-    if parsed.scheme == "sqlite":
-        db = tracking_uri.split("sqlite:///", 1)[-1]
+    """A checked MlflowClient; a missing sqlite file is an error here (a figure creates no store)."""
+    if tracking_uri.startswith("sqlite:"):
+        db = tracking_uri.removeprefix("sqlite:///")
         if db and db != ":memory:" and not Path(db).exists():
             raise TrackingError(f"no MLflow store at {tracking_uri} (nothing has been run yet?)")
-    from mlflow import MlflowClient
+    from pdmask.tracking.store import open_client as open_checked_client
 
-    return MlflowClient(tracking_uri=tracking_uri)
+    return open_checked_client(tracking_uri)
 
 
 def list_runs(client, sweep: str) -> list[RunRecord]:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
+from scipy.signal import lfilter
 
 from pdmask.figures.spec import BandSpec, SmoothingSpec
 
@@ -75,19 +75,34 @@ def mean_over_datasets(per_dataset: Mapping[str, Curve]) -> Curve:
     return Curve(steps, total / count)
 
 
+def ema(values: np.ndarray, weight: float) -> np.ndarray:
+    """Debiased exponential moving average (TensorBoard's smoothing; pandas' adjusted EWM).
+
+    y_t = sum_i w^i x_{t-i} / sum_i w^i, i = 0..t: the first point is not pulled towards zero.
+    """
+    if weight <= 0 or values.size == 0:
+        return values
+    raw = lfilter([1.0 - weight], [1.0, -weight], values)
+    return raw / (1.0 - weight ** np.arange(1, values.size + 1))
+
+
+def trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
+    """Mean of the last ``window`` points (fewer at the start)."""
+    if window <= 1 or values.size == 0:
+        return values
+    sums = np.cumsum(np.insert(values, 0, 0.0))
+    idx = np.arange(1, values.size + 1)
+    start = np.maximum(idx - window, 0)
+    return (sums[idx] - sums[start]) / (idx - start)
+
+
 def smooth(curve: Curve, spec: SmoothingSpec) -> Curve:
     """Smooth one seed's curve over its points (not over step distance)."""
-    if len(curve) == 0:
-        return curve
-    series = pd.Series(curve.values)
-    if spec.kind == "ema" and spec.weight > 0:
-        # pandas' adjusted EWM is exactly TensorBoard's debiased EMA.
-        smoothed = series.ewm(alpha=1.0 - spec.weight, adjust=True).mean()
-    elif spec.kind == "rolling" and spec.window > 1:
-        smoothed = series.rolling(spec.window, min_periods=1).mean()
-    else:
-        return curve
-    return Curve(curve.steps, smoothed.to_numpy(dtype=np.float64))
+    if spec.kind == "ema":
+        return Curve(curve.steps, ema(curve.values, spec.weight))
+    if spec.kind == "rolling":
+        return Curve(curve.steps, trailing_mean(curve.values, spec.window))
+    return curve
 
 
 @dataclass(frozen=True)

@@ -130,7 +130,7 @@ def summary_rows(spec: FigureSpec, cells: CellRuns) -> list[dict]:
 def summary_markdown(spec: FigureSpec, rows: list[dict], metric_label: str) -> str:
     """The summary as Markdown tables (what the CLI prints and the paper draft pastes)."""
     level = spec.paired.level if spec.paired else 0.95
-    titles = {p.key: p.title for p in spec.panels}
+    titles = {p.key: " ".join(p.title.split()) for p in spec.panels}  # one line per cell
 
     def cell(mean: float, ci: float, n: int) -> str:
         return Estimate(mean, ci, n).text()

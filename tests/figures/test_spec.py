@@ -1,0 +1,100 @@
+"""Figure specs: the shipped dashboards validate; bad files report every problem with its place."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdmask.errors import ConfigError, ValidationFailed
+from pdmask.figures.spec import available_specs, figures_for_sweep, load_spec
+
+
+def test_paper_figures_read_their_sweeps_at_their_delta():
+    one, two = load_spec("figure-1"), load_spec("figure-2")
+    assert (one.sweep, one.delta, two.sweep, two.delta) == (
+        "main-figure", 0.15, "delta-ablation", 0.05
+    )  # fmt: skip
+    for spec in (one, two):
+        assert spec.methods == ["grpo-clip-higher", "dppo-topk-kl", "pdm-agg", "pdm-uni"]
+        assert [(p.model, p.precision) for p in spec.panels] == [
+            ("qwen3-4b-base", "bf16"),
+            ("qwen3-8b-base", "bf16"),
+            ("qwen3-30b-a3b-base", "fp8-e2e"),
+            ("qwen3-30b-a3b-base", "fp8-rollout"),
+        ]
+        assert "val-core/*/acc/mean_at_16" in spec.metric.description
+        assert spec.paired.baseline == "dppo-topk-kl"
+        assert spec.paired.methods == ["pdm-agg", "pdm-uni"]
+        assert {m.name for m in spec.diagnostics.metrics} >= {
+            "actor/pdm/masked_frac", "actor/pdm/kl_topk_mean", "actor/pdm/disagree_agg"
+        }  # fmt: skip
+    assert {"figure-1", "figure-2"} <= set(available_specs())
+    assert figures_for_sweep("main-figure") == ["figure-1"]
+    assert figures_for_sweep("delta-ablation") == ["figure-2"]
+
+
+def test_every_problem_is_reported_with_file_field_and_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text(
+        "\n".join([
+            "sweep: main-figure",
+            "methods: [pdm-agg, dppo-topk-kl]",
+            "colour: red",                                  # line 3: unknown key
+            "band: {kind: ci95}",                           # line 4: not a band kind
+            "smoothing: {kind: ema, weight: 1.5}",          # line 5: weight out of range
+            "paired: {baseline: grpo-clip-higher, methods: [pdm-agg]}",
+            "panels:",
+            "  - {key: a, title: A, model: m, precision: bf16}",
+            "  - {key: b, title: B, model: m}",             # line 9: precision missing
+        ]) + "\n"
+    )  # fmt: skip
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    found = {(p.field, p.line) for p in info.value.problems}
+    assert {
+        ("colour", 3),
+        ("band.kind", 4),
+        ("smoothing.weight", 5),
+        ("panels.1.precision", 9),
+    } <= found
+    assert all(p.file.endswith("broken.yaml") for p in info.value.problems)
+    assert "broken.yaml:3: colour" in str(info.value)
+
+
+def test_cross_field_problems_are_collected_together(tmp_path):
+    path = tmp_path / "mixed.yaml"
+    path.write_text(
+        "name: other\n"
+        "sweep: s\n"
+        "methods: [pdm-agg, dppo-topk-kl]\n"
+        "linestyles: {pdm-uni: dashed}\n"
+        "metric: {pattern: 'val-core/acc'}\n"
+        "paired: {baseline: grpo-clip-higher, methods: [pdm-agg]}\n"
+        "panels:\n"
+        "  - {key: a, title: A, model: m, precision: bf16}\n"
+        "  - {key: a, title: B, model: n, precision: bf16}\n"
+    )
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    fields = {p.field for p in info.value.problems}
+    assert fields == {
+        "name",
+        "panels.1.key",
+        "linestyles.pdm-uni",
+        "metric.pattern",
+        "paired.baseline",
+    }
+
+
+def test_yaml_is_loaded_safely(tmp_path):
+    marker = tmp_path / "executed"
+    path = tmp_path / "evil.yaml"
+    path.write_text(f"sweep: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    assert info.value.problems[0].field == "(yaml)"
+    assert not marker.exists()
+
+
+def test_unknown_figure_names_the_available_ones():
+    with pytest.raises(ConfigError, match="figure-1"):
+        load_spec("figure-99")
