@@ -22,6 +22,7 @@ PROBE = textwrap.dedent(
     """
     import json, sys, time
     t0 = time.perf_counter()
+    {prelude}
     import verl
     t_verl = time.perf_counter() - t0
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
@@ -39,31 +40,40 @@ PROBE = textwrap.dedent(
 )
 
 
-def _probe(**env) -> dict:
-    run_env = {**os.environ, **env}
+def _probe(prelude: str, **env) -> dict:
+    code = PROBE.replace("{prelude}", prelude)
     proc = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=run_env, timeout=120
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("FACTS"))
     return json.loads(line[len("FACTS") :])
 
 
+ENTRY_POINT = {"VERL_USE_EXTERNAL_PLUGINS": "auto"}  # the installed distribution's verl.plugins
+EXTERNAL_MODULES = {
+    "VERL_USE_EXTERNAL_PLUGINS": "none",
+    "VERL_USE_EXTERNAL_MODULES": "pdmask.backends.verl.plugin",
+}
+
+
 @pytest.mark.parametrize(
-    "env",
+    "prelude,env",
     [
-        {
-            "VERL_USE_EXTERNAL_PLUGINS": "auto"
-        },  # the installed distribution's verl.plugins entry point
-        {
-            "VERL_USE_EXTERNAL_PLUGINS": "none",
-            "VERL_USE_EXTERNAL_MODULES": "pdmask.backends.verl.plugin",
-        },
+        ("", ENTRY_POINT),
+        ("", EXTERNAL_MODULES),
+        # A pdmask module that itself imports verl first (as Hydra's _target_ import does): verl
+        # swallows a plugin's import errors, so a circular import would go unnoticed.
+        ("import pdmask.backends.verl.config", ENTRY_POINT),
     ],
-    ids=["entry-point", "external-modules"],
+    ids=["entry-point", "external-modules", "pdmask-module-first"],
 )
-def test_plain_import_verl_registers_every_method(env):
-    facts = _probe(**env)
+def test_plain_import_verl_registers_every_method(prelude, env):
+    facts = _probe(prelude, **env)
     for method in METHODS:
         assert verl_loss_name(method) in facts["losses"], method
     assert not facts["vllm_imported"]

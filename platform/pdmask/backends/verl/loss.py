@@ -19,10 +19,9 @@ from __future__ import annotations
 
 import contextvars
 from dataclasses import dataclass
-from functools import partial
 
 import torch
-from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.trainer.ppo.core_algos import agg_loss
 from verl.utils import tensordict_utils as tu
 from verl.workers.utils.losses import ppo_loss
 from verl.workers.utils.padding import no_padding_2_padding
@@ -184,10 +183,6 @@ def masked_policy_loss(
     return loss, metrics
 
 
-def register_losses() -> None:
-    """Put every pdmask method into verl's policy-loss registry (idempotent)."""
-    for loss_mode in PDM_LOSS_MODES:
-        register_policy_loss(loss_mode)(partial(masked_policy_loss, loss_mode=loss_mode))
-
-
-register_losses()
+# The plugin registers the losses (calling masked_policy_loss); importing it here makes sure they
+# are registered even where verl's plugin discovery is off (VERL_USE_EXTERNAL_PLUGINS=none).
+from pdmask.backends.verl import plugin  # noqa: E402,F401

@@ -10,9 +10,14 @@ Two ways in, both set up by the job builder (``overrides.job_env``):
 
 Importing this module must stay cheap and safe in every process, vLLM's included: no vllm, no CUDA.
 It checks the verl version and registers pdmask's policy losses at once (``import verl`` then
-shows them in verl's registry). The trainer, the agent loop and the vLLM replica are registered
-lazily, right after verl itself imports the registry they go into, so processes that never use
-them (vLLM workers, reward workers) do not pay for importing them.
+shows them in verl's registry); the loss code itself is imported on the first call. The trainer,
+the agent loop and the vLLM replica are registered lazily, right after verl itself imports the
+registry they go into, so processes that never use them (vLLM workers, reward workers) do not pay
+for importing them.
+
+This module imports no other pdmask module that imports verl: whichever pdmask module a process
+imports first may be what triggers ``import verl`` and with it this plugin, and a circular import
+here would be swallowed by verl's plugin loader, leaving the methods silently unregistered.
 """
 
 from __future__ import annotations
@@ -23,13 +28,33 @@ import importlib.machinery
 import sys
 from collections.abc import Callable
 
+from verl.trainer.ppo.core_algos import register_policy_loss
+
 from pdmask.backends.verl import compat
+from pdmask.backends.verl.loss_names import PDM_LOSS_MODES
 
 compat.check_version()
 
-from pdmask.backends.verl import loss  # noqa: E402,F401  (registers the policy losses)
 
-MODULE = __name__
+def _policy_loss(loss_mode: str) -> Callable:
+    """verl's registered loss for ``loss_mode``; the implementation is imported on first use."""
+
+    def policy_loss(*args, **kwargs):
+        from pdmask.backends.verl.loss import masked_policy_loss
+
+        return masked_policy_loss(*args, loss_mode=loss_mode, **kwargs)
+
+    policy_loss.__name__ = policy_loss.__qualname__ = f"pdmask_{loss_mode}"
+    return policy_loss
+
+
+def register_losses() -> None:
+    """Every pdmask method into verl's policy-loss registry (idempotent)."""
+    for loss_mode in PDM_LOSS_MODES:
+        register_policy_loss(loss_mode)(_policy_loss(loss_mode))
+
+
+register_losses()
 
 
 def _register_trainer() -> None:
