@@ -1,4 +1,7 @@
-"""The Hydra overrides of ``python -m verl.trainer.main_ppo`` for one trial (a pure function).
+"""How to launch one trial as a VeRL job: its Hydra overrides and its environment (pure functions).
+
+``verl_overrides`` gives the ``key=value`` overrides of ``python -m verl.trainer.main_ppo``;
+``job_env`` the variables of the Ray job's runtime env (plugin module, MLflow run).
 
 The job builder adds what is not pdmask's to decide here (data files, reward function, batch
 sizes, learning rate...) through ``extra``; an ``extra`` key replaces a generated one of the same
