@@ -21,15 +21,17 @@ ROLLOUT = "actor_rollout_ref.rollout"
 POLICY_LOSS = f"{ACTOR}.policy_loss"
 
 
-def _get(config, path: str, default=None):
+def config_value(config, path: str, default=None):
+    """The value at a dotted path of an OmegaConf config, ``default`` if absent."""
     return OmegaConf.select(config, path, default=default)
 
 
 def uses_rollout_topk(config) -> bool:
     """True when the loss is a pdmask method and mu's top-K comes from vLLM."""
-    method = method_for_loss_mode(_get(config, f"{POLICY_LOSS}.loss_mode", "vanilla"))
+    method = method_for_loss_mode(config_value(config, f"{POLICY_LOSS}.loss_mode", "vanilla"))
     return (
-        method is not None and _get(config, f"{POLICY_LOSS}.pdm_mu_source", "rollout") == "rollout"
+        method is not None
+        and config_value(config, f"{POLICY_LOSS}.pdm_mu_source", "rollout") == "rollout"
     )
 
 
@@ -41,13 +43,13 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
         if not ok:
             problems.append(Problem(source, field, message))
 
-    loss_mode = _get(config, f"{POLICY_LOSS}.loss_mode", "vanilla")
+    loss_mode = config_value(config, f"{POLICY_LOSS}.loss_mode", "vanilla")
     method = method_for_loss_mode(loss_mode)
-    bypass = bool(_get(config, "algorithm.rollout_correction.bypass_mode", False))
-    mu_source = _get(config, f"{POLICY_LOSS}.pdm_mu_source", "rollout")
+    bypass = bool(config_value(config, "algorithm.rollout_correction.bypass_mode", False))
+    mu_source = config_value(config, f"{POLICY_LOSS}.pdm_mu_source", "rollout")
 
     need(
-        bool(_get(config, "trainer.use_v1", True)),
+        bool(config_value(config, "trainer.use_v1", True)),
         "trainer.use_v1",
         "pdmask runs on verl's v1 trainer only",
     )
@@ -55,32 +57,32 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
         # mu is vLLM: its log-probs must be the very distribution the trainer computes, i.e.
         # log_softmax(logits / T) with nothing truncated or penalised.
         need(
-            _get(config, f"{ROLLOUT}.calculate_log_probs") is True,
+            config_value(config, f"{ROLLOUT}.calculate_log_probs") is True,
             f"{ROLLOUT}.calculate_log_probs",
             "must be True: the ratio's denominator is vLLM's log-prob of the sampled token",
         )
         need(
-            _get(config, f"{ROLLOUT}.logprobs_mode") == "processed_logprobs",
+            config_value(config, f"{ROLLOUT}.logprobs_mode") == "processed_logprobs",
             f"{ROLLOUT}.logprobs_mode",
             "must be 'processed_logprobs' (vLLM's log-probs after temperature, as the trainer's)",
         )
         need(
-            float(_get(config, f"{ROLLOUT}.top_p", 1.0)) == 1.0,
+            float(config_value(config, f"{ROLLOUT}.top_p", 1.0)) == 1.0,
             f"{ROLLOUT}.top_p",
             "must be 1.0: under top-p vLLM's log-probs are of the truncated distribution",
         )
         need(
-            int(_get(config, f"{ROLLOUT}.top_k", -1)) in (-1, 0),
+            int(config_value(config, f"{ROLLOUT}.top_k", -1)) in (-1, 0),
             f"{ROLLOUT}.top_k",
             "must be -1: under top-k vLLM's log-probs are of the truncated distribution",
         )
         need(
-            float(_get(config, f"{ROLLOUT}.repetition_penalty", 1.0)) == 1.0,
+            float(config_value(config, f"{ROLLOUT}.repetition_penalty", 1.0)) == 1.0,
             f"{ROLLOUT}.repetition_penalty",
             "must be 1.0: penalties change vLLM's log-probs",
         )
         need(
-            bool(_get(config, f"{ROLLOUT}.do_sample", True)),
+            bool(config_value(config, f"{ROLLOUT}.do_sample", True)),
             f"{ROLLOUT}.do_sample",
             "must be True: greedy decoding has no behaviour distribution",
         )
@@ -89,38 +91,38 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
 
     spec = get_method(method)
     need(
-        _get(config, "trainer.v1.trainer_mode") == TRAINER_NAME,
+        config_value(config, "trainer.v1.trainer_mode") == TRAINER_NAME,
         "trainer.v1.trainer_mode",
         f"must be '{TRAINER_NAME}': pdmask's trainer installs the loss and the logits hook",
     )
     need(
-        _get(config, f"{POLICY_LOSS}._target_", "").endswith("PDMPolicyLossConfig"),
+        config_value(config, f"{POLICY_LOSS}._target_", "").endswith("PDMPolicyLossConfig"),
         f"{POLICY_LOSS}._target_",
         "must be pdmask.backends.verl.config.PDMPolicyLossConfig for pdmask's losses",
     )
     if spec.uses_delta:
         need(
-            _get(config, f"{POLICY_LOSS}.pdm_delta") is not None,
+            config_value(config, f"{POLICY_LOSS}.pdm_delta") is not None,
             f"{POLICY_LOSS}.pdm_delta",
             f"{method} needs the trust-region radius delta",
         )
     need(
-        _get(config, f"{ACTOR}.strategy") in ("fsdp", "fsdp2"),
+        config_value(config, f"{ACTOR}.strategy") in ("fsdp", "fsdp2"),
         f"{ACTOR}.strategy",
         "the logits hook exists on verl's FSDP engine only (fsdp or fsdp2)",
     )
     need(
-        not _get(config, "actor_rollout_ref.model.use_fused_kernels", False),
+        not config_value(config, "actor_rollout_ref.model.use_fused_kernels", False),
         "actor_rollout_ref.model.use_fused_kernels",
         "must be False: fused kernels never materialise the logits",
     )
     need(
-        not _get(config, f"{ACTOR}.pad_to_length", False),
+        not config_value(config, f"{ACTOR}.pad_to_length", False),
         f"{ACTOR}.pad_to_length",
         "must be False: verl's engine refuses the logits hook with static padding",
     )
     need(
-        not _get(config, "distillation.enabled", False),
+        not config_value(config, "distillation.enabled", False),
         "distillation.enabled",
         "pdmask's losses and verl's distillation share the logits hook; disable distillation",
     )
@@ -130,24 +132,24 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
         "'rollout' needs algorithm.rollout_correction.bypass_mode=True, 'recompute' needs False",
     )
     if uses_rollout_topk(config):
-        k = _get(config, f"{POLICY_LOSS}.pdm_topk", DEFAULT_TOPK)
+        k = config_value(config, f"{POLICY_LOSS}.pdm_topk", DEFAULT_TOPK)
         need(
-            _get(config, f"{ROLLOUT}.name") == "vllm",
+            config_value(config, f"{ROLLOUT}.name") == "vllm",
             f"{ROLLOUT}.name",
             "the decode-time top-K is read from vLLM",
         )
         need(
-            _get(config, f"{ROLLOUT}.custom.pdm_topk") == k,
+            config_value(config, f"{ROLLOUT}.custom.pdm_topk") == k,
             f"{ROLLOUT}.custom.pdm_topk",
             f"must equal {POLICY_LOSS}.pdm_topk ({k}) so vLLM returns the top-K the loss reads",
         )
         need(
-            _get(config, f"{ROLLOUT}.agent.default_agent_loop") == AGENT_LOOP,
+            config_value(config, f"{ROLLOUT}.agent.default_agent_loop") == AGENT_LOOP,
             f"{ROLLOUT}.agent.default_agent_loop",
             f"must be '{AGENT_LOOP}' (it carries the top-K to the trainer)",
         )
         if k > VLLM_DEFAULT_MAX_LOGPROBS:
-            cap = _get(
+            cap = config_value(
                 config, f"{ROLLOUT}.engine_kwargs.vllm.max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS
             )
             need(

@@ -52,7 +52,6 @@ class LossSettings:
     method: str
     delta: float | None
     topk: int
-    mu_source: str
     ratio_cap: float | None
     chunk_size: int | None
     support: str
@@ -75,7 +74,6 @@ class LossSettings:
             method=method,
             delta=delta,
             topk=policy_loss.get("pdm_topk", DEFAULT_TOPK),
-            mu_source=policy_loss.get("pdm_mu_source", "rollout"),
             ratio_cap=policy_loss.get("pdm_ratio_cap", None),
             chunk_size=policy_loss.get("pdm_chunk_size", None),
             support=policy_loss.get("pdm_support", "union"),
@@ -104,14 +102,11 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
     settings = LossSettings.from_actor_config(config)
     old_phase = phase(data) == OLD_PHASE
     if student_logits is not None:  # called as the logits hook
+        if settings is None:
+            return {}
         if old_phase:
-            k = settings.topk if settings else DEFAULT_TOPK
-            return old_policy_topk_outputs(
-                student_logits, data, k, settings and settings.chunk_size
-            )
-        return (
-            statistics_outputs(student_logits, data, settings.stats_settings()) if settings else {}
-        )
+            return old_policy_topk_outputs(student_logits, data, settings.topk, settings.chunk_size)
+        return statistics_outputs(student_logits, data, settings.stats_settings())
     if old_phase:  # the old-policy pass only wanted the hook's outputs
         return torch.zeros(()), {}
     if settings is None:

@@ -24,39 +24,38 @@ from contextlib import contextmanager
 
 from omegaconf import OmegaConf
 
+from pdmask.backends.verl.checks import config_value
 from pdmask.errors import TrackingError
 
 FAILURE_TAG = "pdm.failure_reason"
 CONFIG_ARTIFACT = "verl_config.yaml"
 
 
-def _select(config, path: str, default=None):
-    return OmegaConf.select(config, path, default=default)
-
-
 def job_tags(config) -> dict[str, str]:
     """Facts only the running job knows, as run tags."""
     import verl
 
-    quantization = _select(config, "actor_rollout_ref.rollout.quantization")
-    kv_cache = _select(config, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype")
+    quantization = config_value(config, "actor_rollout_ref.rollout.quantization")
+    kv_cache = config_value(config, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype")
     return {
         "pdm.backend": "verl",
         "pdm.verl.version": verl.__version__,
-        "pdm.verl.loss_mode": str(_select(config, "actor_rollout_ref.actor.policy_loss.loss_mode")),
+        "pdm.verl.loss_mode": str(
+            config_value(config, "actor_rollout_ref.actor.policy_loss.loss_mode")
+        ),
         "pdm.verl.mu_source": str(
-            _select(config, "actor_rollout_ref.actor.policy_loss.pdm_mu_source", "rollout")
+            config_value(config, "actor_rollout_ref.actor.policy_loss.pdm_mu_source", "rollout")
         ),
         "pdm.verl.rollout_quantization": str(quantization or "none"),
         "pdm.verl.kv_cache_dtype": str(kv_cache or "auto"),
         "pdm.verl.trainer_dtype": str(
-            _select(config, "actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
+            config_value(config, "actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
         ),
     }
 
 
 def uses_mlflow(config) -> bool:
-    backends = _select(config, "trainer.logger", []) or []
+    backends = config_value(config, "trainer.logger", []) or []
     return "mlflow" in ([backends] if isinstance(backends, str) else list(backends))
 
 
