@@ -32,6 +32,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-cache", action="store_true", help="re-read every metric history from MLflow"
     )
+    parser.add_argument(
+        "--no-diagnostics", action="store_true", help="skip the companion diagnostics figure"
+    )
     parser.add_argument("--list", action="store_true", help="list the figure specs and exit")
     parser.add_argument("--quiet", action="store_true", help="print only the files written")
     parser.set_defaults(func=run)
@@ -59,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         tracking_uri=args.tracking_uri,
         out_dir=args.out,
         use_cache=not args.no_cache,
+        diagnostics=not args.no_diagnostics,
     )
     if not args.quiet:
         print(result.summary_markdown)

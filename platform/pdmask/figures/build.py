@@ -134,6 +134,7 @@ def _write_diagnostics(ctx: _Context, seeds: str) -> None:
         ctx.path("diagnostics_png", f"{stem}.png"),
         ctx.path("diagnostics_pdf", f"{stem}.pdf"),
         spec.layout,
+        dpi=dspec.dpi,
     )
     pd.concat(frames, ignore_index=True).to_csv(
         ctx.path("diagnostics_csv", f"{stem}.data.csv"), index=False
@@ -203,12 +204,14 @@ def build_figure(
     out_dir: str | Path | None = None,
     styles: Mapping[str, MethodStyle] | None = None,
     use_cache: bool = True,
+    diagnostics: bool = True,
 ) -> FigureResult:
     """Build figure ``name`` (a spec in ``dashboards/``, or a path) from the runs of ``sweep``.
 
     ``sweep`` defaults to the spec's sweep, ``tracking_uri`` to $MLFLOW_TRACKING_URI or the
-    project's sqlite store, ``styles`` to the recipe registry's (else a fixed palette), and
-    ``use_cache=False`` re-reads every history from MLflow.
+    project's sqlite store, ``styles`` to the recipe registry's (else a fixed palette);
+    ``use_cache=False`` re-reads every history from MLflow; ``diagnostics=False`` skips the
+    companion diagnostics figure even when the spec declares one.
     """
     started = time.perf_counter()
     spec = load_spec(name)
@@ -229,7 +232,7 @@ def build_figure(
     datasets = {d for c in cells.values() for ds in c.datasets.values() for d in ds}
     y_label = _y_label(spec, datasets)
     panels = _write_main(ctx, cells, y_label)
-    if spec.diagnostics:
+    if spec.diagnostics and diagnostics:
         _write_diagnostics(ctx, seed_count_text(panels))
     markdown = _write_summary(ctx, cells, y_label)
 

@@ -135,6 +135,12 @@ class DiagnosticsSpec(_Strict):
     band: BandSpec | None = Field(
         None, description="Band over seeds; when omitted the main figure's band is used."
     )
+    dpi: int = Field(
+        200,
+        ge=72,
+        le=600,
+        description="Resolution of this figure's PNG (it is large; its PDF is the print version).",
+    )
 
 
 class PairedSpec(_Strict):
