@@ -1,0 +1,129 @@
+"""``SimTrialConfig``: everything one ``sim`` trial needs besides the recipe's mask.
+
+The profile fixes the budget; any knob left ``None`` takes the profile's value (see
+:meth:`SimTrialConfig.resolved`), so a sweep can override one knob without restating the profile.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInSpec
+from pdmask.errors import Problem, ValidationFailed
+
+PRECISIONS = ("bf16", "fp8-rollout", "fp8-e2e")
+StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]
+PrecisionName = Literal["bf16", "fp8-rollout", "fp8-e2e"]
+ProfileName = Literal["smoke", "default", "full"]
+LossAggMode = Literal[
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
+
+
+class SimTrialConfig(BaseModel):
+    """One trial of the embedded CPU backend: stand-in, precision setting, budget, seed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    stand_in: StandInName = Field(
+        description="Model stand-in (STAND_INS): tiny-4b, tiny-8b or tiny-30b-a3b (a small MoE)."
+    )
+    precision: PrecisionName = Field(
+        description="Training/inference mismatch setting. bf16: trainer fp32, behaviour bf16. "
+        "fp8-rollout: behaviour weights and activations rounded to float8 e4m3. fp8-e2e: the "
+        "training forward is FP8-emulated as well (finer scaling than the behaviour's)."
+    )
+    profile: ProfileName = Field(
+        "default", description="Budget preset (PROFILES): smoke (seconds), default (<~50 s), full."
+    )
+    seed: int = Field(description="Trial seed: rollouts, minibatch order and evaluation samples.")
+    delta: float = Field(
+        0.15,
+        gt=0,
+        description="Trust-region delta used by the logged diagnostics (out-of-region share, "
+        "direction-test disagreement). The mask itself comes from the recipe's mask_fn.",
+    )
+    top_k: int = Field(
+        20, ge=0, description="How many behaviour log-probs the trainer sees (vLLM exposes 20)."
+    )
+    fp8_scaling: Literal["per-tensor", "per-channel"] = Field(
+        "per-tensor", description="Scaling granularity of the behaviour copy's FP8 weights."
+    )
+    steps: int | None = Field(None, gt=0, description="RL steps; None = the profile's.")
+    prompts_per_step: int | None = Field(
+        None, gt=0, description="Prompts per rollout batch; None = the profile's."
+    )
+    group_size: int | None = Field(
+        None, ge=2, description="Samples per prompt (GRPO group); None = the profile's."
+    )
+    minibatches: int | None = Field(
+        None, gt=0, description="Optimizer updates per rollout batch; None = the profile's."
+    )
+    lr: float | None = Field(None, gt=0, description="AdamW learning rate; None = the profile's.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the RL phase.")
+    grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
+    loss_agg_mode: LossAggMode = Field("token-mean", description="verl's loss aggregation mode.")
+    eval_every: int | None = Field(
+        None, gt=0, description="Evaluate every this many steps; None = the profile's."
+    )
+    eval_problems: int | None = Field(
+        None, gt=0, description="Held-out problems scored avg@16; None = the profile's."
+    )
+    eval_samples: int = Field(16, gt=0, description="Samples per evaluation problem (avg@16).")
+    checkpoint_every: int | None = Field(
+        None, gt=0, description="Checkpoint every this many steps; None = the profile's."
+    )
+    warmstart_steps: int | None = Field(
+        None,
+        gt=0,
+        description="Warm-start length of the base model; None = the profile's override, else the "
+        "stand-in's own.",
+    )
+    cache_dir: str | None = Field(
+        None,
+        description="Where base models are cached; None = <state dir>/cache/sim. Does not change "
+        "results.",
+    )
+
+    @model_validator(mode="after")
+    def _batch_splits_evenly(self) -> SimTrialConfig:
+        budget = self.resolved()
+        sequences = budget.prompts_per_step * budget.group_size
+        if sequences % budget.minibatches:
+            raise ValueError(
+                f"prompts_per_step * group_size = {sequences} is not divisible by "
+                f"minibatches = {budget.minibatches}"
+            )
+        return self
+
+    @property
+    def stand_in_spec(self) -> StandInSpec:
+        return STAND_INS[self.stand_in]
+
+    def resolved(self) -> ProfileSpec:
+        """The profile with this config's overrides applied."""
+        base = PROFILES[self.profile]
+        overrides = {
+            name: getattr(self, name)
+            for name in ProfileSpec.model_fields
+            if name in type(self).model_fields and getattr(self, name) is not None
+        }
+        return base.model_copy(update=overrides)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, file: str = "<trial config>") -> SimTrialConfig:
+        """Validate ``data``; every problem at once as ``ValidationFailed`` naming ``file``."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as err:
+            problems = [
+                Problem(file, ".".join(str(p) for p in e["loc"]) or "<root>", e["msg"])
+                for e in err.errors()
+            ]
+            raise ValidationFailed(problems) from None

@@ -1,0 +1,136 @@
+"""GRPO pieces shared by the training loop and the token-level analysis.
+
+A rollout batch holds ``prompts x G`` responses from the behaviour copy, their rule-based rewards
+and group-normalised advantages (VeRL's ``compute_grpo_outcome_advantage``: ``(r - mean) / (std +
+1e-6)`` per group, unbiased std). The trainer's side of a minibatch is its own full logits on the
+response positions and the trust-region statistics from the math API, computed against the
+behaviour's top-K view only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pdmask.backends.sim.model import TinyDecoder
+from pdmask.backends.sim.rollout import Generation, generate
+from pdmask.backends.sim.task import AdditionTask
+from pdmask.trust_region import TokenStats, compute_token_stats
+
+GRPO_EPSILON = 1e-6
+
+
+@dataclass
+class RolloutBatch:
+    """One GRPO rollout batch: generations, rewards, advantages (sequence and token level)."""
+
+    generation: Generation
+    a: torch.Tensor  # [N] problem operands (each prompt repeated G times, groups contiguous)
+    b: torch.Tensor
+    group_size: int
+    rewards: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N] group-normalised
+
+    @property
+    def size(self) -> int:
+        return self.rewards.shape[0]
+
+    @property
+    def valid(self) -> torch.Tensor:
+        return self.generation.valid
+
+    @property
+    def token_advantages(self) -> torch.Tensor:
+        """``[N, R]``: the sequence's advantage on every response token, 0 on padding."""
+        valid = self.generation.valid
+        return torch.where(valid, self.advantages[:, None].expand_as(valid), 0.0)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus response tokens actually processed."""
+        return int(self.generation.prompts.numel() + self.generation.valid.sum())
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    groups = rewards.view(-1, group_size)
+    mean = groups.mean(1, keepdim=True)
+    std = groups.std(1, keepdim=True)
+    return ((groups - mean) / (std + GRPO_EPSILON)).view(-1)
+
+
+def collect_rollout(
+    behaviour: TinyDecoder,
+    task: AdditionTask,
+    *,
+    prompts: int,
+    group_size: int,
+    generator: torch.Generator,
+    top_k: int = 20,
+    keep_full: bool = False,
+) -> RolloutBatch:
+    """Sample ``prompts`` training problems, ``group_size`` responses each, and score them."""
+    a, b = task.sample_train(prompts, generator)
+    a, b = a.repeat_interleave(group_size), b.repeat_interleave(group_size)
+    generation = generate(
+        behaviour,
+        task.prompts(a, b),
+        task.response_len,
+        generator,
+        top_k=top_k,
+        keep_full=keep_full,
+    )
+    rewards = task.score(a, b, generation.responses)
+    return RolloutBatch(generation, a, b, group_size, rewards, grpo_advantages(rewards, group_size))
+
+
+def trainer_logits(trainer: TinyDecoder, batch: RolloutBatch, index: torch.Tensor) -> torch.Tensor:
+    """The trainer's logits ``[n, R, V]`` at the response positions of sequences ``index``."""
+    gen = batch.generation
+    sequences = gen.sequences[index]
+    start = gen.prompts.shape[1] - 1
+    return trainer(sequences[:, :-1], logits_from=start)
+
+
+def token_stats(logits: torch.Tensor, batch: RolloutBatch, index: torch.Tensor) -> TokenStats:
+    """Trust-region statistics of ``pi`` (these logits) against the behaviour's top-K view."""
+    gen = batch.generation
+    return compute_token_stats(
+        logits,
+        gen.responses[index],
+        gen.mu_topk_ids[index],
+        gen.mu_topk_logprobs[index],
+        gen.mu_logp[index],
+    )
+
+
+@dataclass
+class ExactReference:
+    """Full-vocabulary quantities, computable only because the behaviour is fully known here."""
+
+    kl: torch.Tensor  # KL(mu || pi) over the whole vocabulary
+    ddot: (
+        torch.Tensor
+    )  # (pi_k - mu_k) + sum_i pi_i (mu_i - pi_i), the derivative the masks estimate
+
+
+@torch.no_grad()
+def exact_reference(
+    logits: torch.Tensor, batch: RolloutBatch, index: torch.Tensor
+) -> ExactReference:
+    """The exact KL and ``Ddot`` (paper.md) against the full behaviour distribution.
+
+    A reference for diagnostics only (how often each top-K estimator gets the sign right); masks
+    never see it. Needs a rollout collected with ``keep_full=True``.
+    """
+    gen = batch.generation
+    if gen.mu_full_logprobs is None:
+        raise ValueError("exact references need a rollout collected with keep_full=True")
+    log_mu = gen.mu_full_logprobs[index]
+    log_pi = torch.log_softmax(logits.detach().float(), dim=-1)
+    mu, pi = log_mu.exp(), log_pi.exp()
+    sampled = gen.responses[index].unsqueeze(-1)
+    local = (pi.gather(-1, sampled) - mu.gather(-1, sampled)).squeeze(-1)
+    global_term = (pi * (mu - pi)).sum(-1)
+    kl = torch.where(mu > 0, mu * (log_mu - log_pi), 0.0).sum(-1)
+    return ExactReference(kl=kl, ddot=local + global_term)

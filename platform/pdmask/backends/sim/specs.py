@@ -1,0 +1,131 @@
+"""Presets: the model stand-ins (one per registry model) and the compute profiles.
+
+The stand-ins grow like the paper's models (Qwen3-4B-Base < 8B-Base < 30B-A3B-Base); the 30B one
+is a small mixture of experts (8 experts, 2 active per token) to mirror A3B. Each carries its own
+warm-start recipe, which makes its "base model" (see ``warmstart.py``).
+
+Profiles size a trial: ``smoke`` runs in seconds (tests), ``default`` keeps a trial under about
+50 s on one core so the default ``main-figure`` sweep (32 trials, 2 at a time on 2 cores) finishes
+within 15 minutes, ``full`` gives smoother curves.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class StandInSpec(BaseModel):
+    """Architecture and warm start of one model stand-in."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(description="Stand-in name, as the registry's models refer to it.")
+    mirrors: str = Field(description="The real model this stands in for.")
+    d_model: int = Field(description="Residual stream width.")
+    n_layers: int = Field(description="Number of transformer blocks.")
+    n_heads: int = Field(description="Attention heads per block.")
+    d_ff: int = Field(description="Hidden width of each MLP (of each expert for MoE).")
+    n_experts: int = Field(1, description="Experts per MoE layer; 1 means a dense MLP.")
+    experts_per_token: int = Field(1, description="Experts routed per token (top-k).")
+    warmstart_steps: int = Field(description="Supervised steps of the warm start (base model).")
+    warmstart_batch: int = Field(128, description="Demonstrations per warm-start step.")
+    warmstart_lr: float = Field(3e-3, description="Peak learning rate of the warm start.")
+    warmstart_noise: float = Field(
+        0.4, description="Share of answer digits randomised in the last part of the warm start."
+    )
+    warmstart_noisy_frac: float = Field(
+        0.25, description="Final fraction of the warm start that trains on the noisy answers."
+    )
+
+
+class ProfileSpec(BaseModel):
+    """How much RL a trial does and how often it evaluates and checkpoints."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    steps: int = Field(description="RL steps (one rollout batch each).")
+    prompts_per_step: int = Field(description="Prompts per rollout batch.")
+    group_size: int = Field(description="Samples per prompt (GRPO group size G).")
+    minibatches: int = Field(
+        description="Optimizer updates per rollout batch; updates after the first are stale."
+    )
+    lr: float = Field(description="AdamW learning rate of the RL phase.")
+    eval_every: int = Field(description="Evaluate avg@16 every this many steps (plus 0 and last).")
+    eval_problems: int = Field(description="Held-out problems in the avg@16 evaluation.")
+    checkpoint_every: int = Field(description="Write a checkpoint every this many steps.")
+    warmstart_steps: int | None = Field(
+        None,
+        description="Override of the stand-in's warm-start length (the smoke profile's tiny base "
+        "model); None keeps the stand-in's own. Base models are cached per length.",
+    )
+
+
+STAND_INS: dict[str, StandInSpec] = {
+    s.name: s
+    for s in [
+        StandInSpec(
+            name="tiny-4b",
+            mirrors="Qwen3-4B-Base",
+            d_model=64,
+            n_layers=2,
+            n_heads=4,
+            d_ff=256,
+            warmstart_steps=700,
+        ),
+        StandInSpec(
+            name="tiny-8b",
+            mirrors="Qwen3-8B-Base",
+            d_model=96,
+            n_layers=2,
+            n_heads=4,
+            d_ff=384,
+            warmstart_steps=700,
+            warmstart_lr=2e-3,
+        ),
+        StandInSpec(
+            name="tiny-30b-a3b",
+            mirrors="Qwen3-30B-A3B-Base",
+            d_model=64,
+            n_layers=3,
+            n_heads=4,
+            d_ff=128,
+            n_experts=8,
+            experts_per_token=2,
+            warmstart_steps=600,
+        ),
+    ]
+}
+
+PROFILES: dict[str, ProfileSpec] = {
+    "smoke": ProfileSpec(
+        steps=4,
+        prompts_per_step=8,
+        group_size=4,
+        minibatches=2,
+        lr=1e-3,
+        eval_every=2,
+        eval_problems=8,
+        checkpoint_every=2,
+        warmstart_steps=30,
+    ),
+    "default": ProfileSpec(
+        steps=120,
+        prompts_per_step=32,
+        group_size=8,
+        minibatches=4,
+        lr=1e-3,
+        eval_every=10,
+        eval_problems=96,
+        checkpoint_every=10,
+    ),
+    "full": ProfileSpec(
+        steps=400,
+        prompts_per_step=64,
+        group_size=8,
+        minibatches=4,
+        lr=5e-4,
+        eval_every=20,
+        eval_problems=256,
+        checkpoint_every=20,
+    ),
+}

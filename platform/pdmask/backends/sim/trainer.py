@@ -1,0 +1,224 @@
+"""``train_trial``: one GRPO trial of a stand-in, as VeRL runs one, on one CPU core.
+
+Each step: the behaviour copy samples ``prompts x G`` responses and records its top-K view; the
+trainer splits the batch into ``minibatches`` and makes one AdamW update per minibatch (all but the
+first are stale, as in VeRL with ``ppo_mini_batch_size < train_batch_size``), each with the
+recipe's mask and the masked loss from the math API; then the trainer's weights are synced into
+the behaviour copy in the setting's precision.
+
+Every random draw of step ``s`` comes from generators seeded by ``(seed, s)``, so a trial resumed
+from a checkpoint continues exactly as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from pdmask.backends.sim.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
+from pdmask.backends.sim.config import SimTrialConfig
+from pdmask.backends.sim.evaluation import EVAL_METRIC, evaluate_avg_at_k
+from pdmask.backends.sim.grpo import (
+    RolloutBatch,
+    collect_rollout,
+    exact_reference,
+    token_stats,
+    trainer_logits,
+)
+from pdmask.backends.sim.model import TinyDecoder
+from pdmask.backends.sim.precision import configure_trainer, make_behaviour, sync_behaviour
+from pdmask.backends.sim.task import DEFAULT_TASK
+from pdmask.backends.sim.warmstart import load_base_model, prepare_base_model
+from pdmask.errors import TrialFailed
+from pdmask.trust_region import TokenStats, aggregate_loss, diagnostics, per_token_loss
+
+MaskFn = Callable[[TokenStats, torch.Tensor], torch.Tensor]
+Reporter = Callable[[int, dict[str, float]], None]
+SIGN_MATCH = {"agg": "ddot_agg", "uni": "ddot_uni", "bucket": "ddot_bucket"}
+
+
+def step_generator(seed: int, step: int, purpose: str) -> torch.Generator:
+    """A generator for one purpose at one step, independent of everything that ran before."""
+    digest = hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+class TrialState:
+    """Trainer, behaviour copy and optimizer of a trial, fresh from the base model or resumed."""
+
+    def __init__(self, cfg: SimTrialConfig):
+        self.cfg = cfg
+        budget = cfg.resolved()
+        base = prepare_base_model(
+            cfg.stand_in, cache_dir=cfg.cache_dir, steps=budget.warmstart_steps
+        )
+        torch.manual_seed(cfg.seed)
+        self.trainer: TinyDecoder = configure_trainer(
+            load_base_model(base, cfg.stand_in_spec), cfg.precision
+        )
+        self.behaviour = make_behaviour(self.trainer, cfg.precision)
+        sync_behaviour(self.trainer, self.behaviour, cfg.precision, cfg.fp8_scaling)
+        self.optimizer = torch.optim.AdamW(
+            self.trainer.parameters(), lr=budget.lr, weight_decay=cfg.weight_decay
+        )
+        self.step = 0
+        self.base_accuracy: float | None = None
+        self.last_metrics: dict[str, float] = {}
+
+    def identity(self) -> dict:
+        return self.cfg.model_dump(exclude={"cache_dir"})
+
+    def models(self) -> dict:
+        return {"trainer": self.trainer, "behaviour": self.behaviour, "optimizer": self.optimizer}
+
+    def save(self, workdir: Path) -> None:
+        save_checkpoint(
+            workdir,
+            step=self.step,
+            identity=self.identity(),
+            models=self.models(),
+            base_accuracy=self.base_accuracy,
+            last_metrics=self.last_metrics,
+        )
+
+    def resume(self, workdir: Path) -> bool:
+        payload = load_checkpoint(workdir, self.identity())
+        if payload is None:
+            return False
+        for name, obj in self.models().items():
+            obj.load_state_dict(payload["state"][name])
+        restore_rng_states(payload["rng"])
+        self.step = payload["step"]
+        self.base_accuracy = payload["base_accuracy"]
+        self.last_metrics = payload["last_metrics"]
+        return True
+
+
+def evaluate(state: TrialState, step: int) -> float:
+    budget = state.cfg.resolved()
+    return evaluate_avg_at_k(
+        state.behaviour,
+        DEFAULT_TASK,
+        problems=budget.eval_problems,
+        samples=state.cfg.eval_samples,
+        generator=step_generator(state.cfg.seed, step, "eval"),
+    )
+
+
+def _update(
+    state: TrialState, batch: RolloutBatch, index: torch.Tensor, mask_fn: MaskFn, step: int
+):
+    """One minibatch update; returns its metrics."""
+    cfg = state.cfg
+    valid = batch.valid[index]
+    advantages = batch.token_advantages[index]
+    logits = trainer_logits(state.trainer, batch, index)
+    stats = token_stats(logits, batch, index)
+    mask = mask_fn(stats, advantages)
+    loss_mat = per_token_loss(stats.logp, stats.mu_logp, advantages, mask)
+    loss = aggregate_loss(loss_mat, valid, cfg.loss_agg_mode)
+    if not torch.isfinite(loss):
+        raise TrialFailed(f"non-finite policy loss ({float(loss)}) at step {step}")
+    state.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.trainer.parameters(), cfg.grad_clip)
+    if torch.isfinite(grad_norm):  # as VeRL: a non-finite gradient skips the update
+        state.optimizer.step()
+
+    metrics = {
+        f"actor/pdm/{k}": v
+        for k, v in diagnostics(stats, advantages, mask, valid, delta=cfg.delta).items()
+    }
+    exact = exact_reference(logits, batch, index)
+    for name, field in SIGN_MATCH.items():
+        agree = torch.sign(getattr(stats, field)) == torch.sign(exact.ddot)
+        metrics[f"actor/pdm/sign_match_{name}"] = float(agree[valid].float().mean())
+    metrics["actor/pdm/kl_full_mean"] = float(exact.kl[valid].mean())
+    metrics["actor/pg_loss"] = float(loss.detach())
+    metrics["actor/grad_norm"] = float(grad_norm)
+    return metrics
+
+
+def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
+    """Rollout, ``minibatches`` updates, weight sync. Returns the step's metrics."""
+    cfg, budget = state.cfg, state.cfg.resolved()
+    started = time.perf_counter()
+    generator = step_generator(cfg.seed, step, "rollout")
+    state.trainer.train()
+    batch = collect_rollout(
+        state.behaviour,
+        DEFAULT_TASK,
+        prompts=budget.prompts_per_step,
+        group_size=budget.group_size,
+        generator=generator,
+        top_k=cfg.top_k,
+        keep_full=True,
+    )
+    order = torch.randperm(batch.size, generator=generator)
+    per_update = [
+        _update(state, batch, index, mask_fn, step) for index in order.chunk(budget.minibatches)
+    ]
+    sync_behaviour(state.trainer, state.behaviour, cfg.precision, cfg.fp8_scaling)
+    metrics = {k: sum(m[k] for m in per_update) / len(per_update) for k in per_update[0]}
+    metrics["critic/score/mean"] = float(batch.rewards.mean())
+    metrics["response_length/mean"] = float(batch.valid.sum(1).float().mean())
+    metrics["perf/tokens_per_s"] = batch.num_tokens / (time.perf_counter() - started)
+    return metrics
+
+
+def train_trial(
+    cfg: SimTrialConfig,
+    *,
+    mask_fn: MaskFn,
+    reporter: Reporter,
+    workdir: Path,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, float]:
+    """Run (or resume) one trial; see the package docstring for the contract."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    threads = torch.get_num_threads()
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.set_num_threads(1)  # two trials share two cores
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _run(cfg, mask_fn, reporter, workdir, should_stop)
+    finally:
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+
+
+def _run(cfg, mask_fn, reporter, workdir, should_stop) -> dict[str, float]:
+    started = time.perf_counter()
+    budget = cfg.resolved()
+    state = TrialState(cfg)
+    if not state.resume(workdir):
+        state.base_accuracy = evaluate(state, 0)
+        reporter(0, {EVAL_METRIC: state.base_accuracy})
+        state.save(workdir)
+    stopped = False
+    while state.step < budget.steps:
+        if should_stop():
+            stopped = True
+            break
+        step = state.step + 1
+        metrics = rl_step(state, mask_fn, step)
+        if step % budget.eval_every == 0 or step == budget.steps:
+            metrics[EVAL_METRIC] = evaluate(state, step)
+        state.step = step
+        state.last_metrics = metrics
+        reporter(step, metrics)
+        if step % budget.checkpoint_every == 0 or step == budget.steps:
+            state.save(workdir)
+    if stopped:
+        state.save(workdir)
+    summary = dict(state.last_metrics)
+    summary["sim/base_acc_mean_at_16"] = state.base_accuracy
+    summary["sim/steps_done"] = float(state.step)
+    summary["sim/stopped"] = float(stopped)
+    summary["sim/wall_s"] = time.perf_counter() - started
+    return summary

@@ -1,0 +1,125 @@
+"""The base model of each stand-in: a short supervised warm start, cached and locked.
+
+RL needs a policy that already solves the task sometimes (low but non-zero accuracy), as the
+paper's base models do on AIME. A few hundred steps of next-token training on correct
+demonstrations gives that. The result is deterministic and shared by every trial of a stand-in, so
+it is cached in ``<cache_dir>/<stand-in>-<key>.pt`` (``key`` hashes everything that shapes it) and
+built under an exclusive file lock: concurrent trials wait for the first one instead of repeating
+its work.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from pdmask.backends.sim.checkpoint import atomic_torch_save
+from pdmask.backends.sim.model import TinyDecoder
+from pdmask.backends.sim.specs import STAND_INS, StandInSpec
+from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
+from pdmask.errors import ConfigError
+from pdmask.paths import state_dir
+
+WARMSTART_VERSION = 1  # bump when the recipe below changes: old cache entries are then ignored
+WARMSTART_SEED = 0
+
+
+def default_cache_dir() -> Path:
+    return state_dir() / "cache" / "sim"
+
+
+def new_model(spec: StandInSpec, task: AdditionTask = DEFAULT_TASK) -> TinyDecoder:
+    """An untrained model of the stand-in's architecture for ``task``."""
+    return TinyDecoder(
+        vocab_size=task.vocab_size,
+        max_len=task.seq_len,
+        d_model=spec.d_model,
+        n_layers=spec.n_layers,
+        n_heads=spec.n_heads,
+        d_ff=spec.d_ff,
+        n_experts=spec.n_experts,
+        experts_per_token=spec.experts_per_token,
+    )
+
+
+def _cache_key(spec: StandInSpec, task: AdditionTask, steps: int) -> str:
+    identity = {
+        "version": WARMSTART_VERSION,
+        "spec": spec.model_dump(),
+        "task": task.__dict__,
+        "steps": steps,
+        "seed": WARMSTART_SEED,
+        "torch": torch.__version__.split("+")[0],
+    }
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
+    return digest[:12]
+
+
+def prepare_base_model(
+    stand_in: str,
+    *,
+    cache_dir: Path | str | None = None,
+    steps: int | None = None,
+    task: AdditionTask = DEFAULT_TASK,
+) -> Path:
+    """Path of the stand-in's cached base model, training it first if no one has yet.
+
+    ``steps`` overrides the stand-in's warm-start length (the smoke profile uses a few steps).
+    """
+    if stand_in not in STAND_INS:
+        raise ConfigError(f"unknown stand-in {stand_in!r}; known: {', '.join(STAND_INS)}")
+    spec = STAND_INS[stand_in]
+    steps = spec.warmstart_steps if steps is None else steps
+    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{stand_in}-{_cache_key(spec, task, steps)}.pt"
+    if path.exists():
+        return path
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on a crash
+        if not path.exists():
+            model = warm_start(spec, task, steps)
+            payload = {"state_dict": model.state_dict(), "stand_in": stand_in, "steps": steps}
+            atomic_torch_save(payload, path)
+    return path
+
+
+def load_base_model(
+    path: Path, spec: StandInSpec, task: AdditionTask = DEFAULT_TASK
+) -> TinyDecoder:
+    model = new_model(spec, task)
+    model.load_state_dict(torch.load(path, weights_only=True)["state_dict"])
+    return model
+
+
+def warm_start(spec: StandInSpec, task: AdditionTask, steps: int) -> TinyDecoder:
+    """Next-token training on correct demonstrations (loss on response tokens only)."""
+    generator = torch.Generator().manual_seed(WARMSTART_SEED)
+    with torch.random.fork_rng():
+        torch.manual_seed(WARMSTART_SEED)
+        model = new_model(spec, task)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmstart_lr, weight_decay=0.01)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(
+        optimizer, max_lr=spec.warmstart_lr, total_steps=max(steps, 1), pct_start=0.1
+    )
+    start = task.prompt_len - 1  # logits at this position predict the first response token
+    noisy_from = steps - round(steps * spec.warmstart_noisy_frac)
+    for step in range(steps):
+        noise = spec.warmstart_noise if step >= noisy_from else 0.0
+        a, b = task.sample_train(spec.warmstart_batch, generator)
+        seq = torch.cat([task.prompts(a, b), task.demonstrations(a, b, generator, noise)], dim=1)
+        logits = model(seq[:, :-1], logits_from=start)
+        loss = F.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), seq[:, start + 1 :].reshape(-1)
+        )
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+    return model
