@@ -285,3 +285,40 @@ def test_sanitised_and_raw_metric_names_both_match(store, tmp_path):
     data = pd.read_csv(result.paths["data_csv"])
     assert list(data.step) == [0, 1, 2]
     assert "avg@16 (AIME24)" in result.summary_markdown
+
+
+def test_a_custom_spec_with_bootstrap_band_and_wrapped_panels(store, tmp_path):
+    """Any spec file works: here 2 columns, a rolling mean and a bootstrap CI, no diagnostics."""
+    spec = tmp_path / "my-figure.yaml"
+    spec.write_text(
+        "sweep: unused\n"
+        "delta: 0.05\n"
+        "methods: [dppo-topk-kl, pdm-agg]\n"
+        "panels:\n"
+        "  - {key: 4b, title: 4B, model: qwen3-4b-base, precision: bf16}\n"
+        "  - {key: 8b, title: 8B, model: qwen3-8b-base, precision: bf16}\n"
+        "  - {key: 30b, title: 30B, model: qwen3-30b-a3b-base, precision: fp8-e2e}\n"
+        "smoothing: {kind: rolling, window: 3}\n"
+        "band: {kind: bootstrap, resamples: 400, seed: 7}\n"
+        "layout: {columns: 2}\n"
+    )
+    runs = [make_run(m, s, seed, FULL, delta=0.05) for m in ("dppo-topk-kl", "pdm-agg")
+            for s in ("4b-bf16", "8b-bf16") for seed in range(4)]  # fmt: skip
+    sweep, _ = store.new_sweep(runs)
+    one = build_figure(str(spec), sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path / "a")
+    two = build_figure(str(spec), sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path / "b")
+    assert "diagnostics_png" not in one.paths
+    data = pd.read_csv(one.paths["data_csv"])
+    assert set(data.setting) == {"4b", "8b"}
+    assert (data.band_lower < data.value).all() and (data.value < data.band_upper).all()
+    pd.testing.assert_frame_equal(data, pd.read_csv(two.paths["data_csv"]))  # reproducible
+    cell = data[(data.setting == "4b") & (data.method == "pdm-agg")]
+    seeds = [
+        pd.Series([np.mean([eval_value("pdm-agg", "4b-bf16", sd, ds, s) for ds in ("aime24", "aime25")])
+                   for s in FULL]).rolling(3, min_periods=1).mean()
+        for sd in range(4)
+    ]  # fmt: skip
+    np.testing.assert_allclose(cell.value, pd.concat(seeds, axis=1).mean(axis=1), rtol=1e-12)
+    assert any("no runs for this setting" in n and "30B" in n for n in one.notes)
+    image = imread(one.paths["png"])
+    assert image.shape[0] > image.shape[1] * 0.6  # two rows of panels: a taller figure

@@ -76,7 +76,7 @@ def _footnote(ctx: _Context, smoothing: SmoothingSpec) -> str:
     parts = ["Lines: mean over seeds at each step"]
     if smoothing.describe():
         parts.append(smoothing.describe())
-    delta = f", δ = {ctx.spec.delta:g}" if ctx.spec.delta is not None else ""
+    delta = f", δ\u00a0=\u00a0{ctx.spec.delta:g}" if ctx.spec.delta is not None else ""  # no break
     parts.append(f"sweep {ctx.sweep}{delta}, {len(ctx.selection.runs())} runs")
     return "; ".join(parts) + "."
 

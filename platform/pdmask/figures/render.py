@@ -7,6 +7,7 @@ are embedded as TrueType (``pdf.fonttype`` 42) so the PDF stays editable and sea
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,7 +189,7 @@ class _Margins:
     legend_row: float = 0.22
     top_pad: float = 0.06
     x_label: float = 0.42  # x tick labels + x label under the last row
-    footnote: float = 0.16
+    footnote: float = 0.115  # one line of the footnote
 
 
 def _legend_handles(style: GridStyle, any_stop: bool) -> tuple[list, list]:
@@ -290,7 +291,13 @@ def draw_grid(
         legend_rows = 1 if ncol == len(handles) else 2
 
         top = m.top_pad + legend_rows * m.legend_row + (m.title + 0.10 if title else 0.0)
-        bottom = m.x_label + (m.footnote if footnote else 0.0)
+        # Wrap the footnote to the figure's width (DejaVu Sans averages ~0.55 em per character).
+        note_size = layout.font_size - 1.5
+        per_line = max(20, int((width - 0.1) * 72 / (0.55 * note_size)))
+        footnote = textwrap.fill(footnote, per_line) if footnote else ""
+        note_lines = footnote.count("\n") + 1 if footnote else 0
+        note_height = 0.05 + m.footnote * note_lines if footnote else 0.0  # inches at 8 pt
+        bottom = m.x_label + note_height
         gaps = [m.row_gap + m.title * title_lines[r] for r in range(1, n_rows)]
         head = m.title * title_lines[0]
         height = (top + head + bottom + sum(gaps)) * scale + n_rows * layout.panel_height
@@ -334,7 +341,7 @@ def draw_grid(
                 va="top",
                 fontsize=layout.font_size + 1.5,
             )
-        label_y = ((m.footnote if footnote else 0.0) + 0.04) * scale / height
+        label_y = (note_height + 0.04) * scale / height
         fig.text(center, label_y, x_label, ha="center", va="bottom")
         if footnote:
             fig.text(
