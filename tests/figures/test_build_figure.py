@@ -26,6 +26,7 @@ STYLES = {
     "pdm-uni": MethodStyle("PDM uni", "#2ca02c"),
 }
 FULL = range(0, 11)
+QUICK = {"diagnostics": False}  # tests about data, not the companion figure: skip drawing it
 
 
 def _grid():
@@ -257,18 +258,22 @@ def test_running_runs_are_refetched_until_they_finish(store, tmp_path):
     running = make_run("pdm-agg", "4b-bf16", 0, range(0, 4), status="RUNNING")
     done = make_run("dppo-topk-kl", "4b-bf16", 0, range(0, 4))
     sweep, (run_id, _) = store.new_sweep([running, done])
-    first = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path)
+    first = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path, **QUICK)
     assert first.stats["fetched"] == 4  # 2 runs × 2 datasets
     assert any("still running" in n for n in first.notes)
     store.client.log_batch(run_id, metrics=[
         Metric(EVAL.format(ds), eval_value("pdm-agg", "4b-bf16", 0, ds, 4), T0 + 4, 4)
         for ds in ("aime24", "aime25")
     ])  # fmt: skip
-    second = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path)
+    second = build_figure(
+        "figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path, **QUICK
+    )
     assert (second.stats["fetched"], second.stats["cached"]) == (2, 2)  # only the running one
     store.client.set_terminated(run_id)
-    third = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path)
-    fourth = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path)
+    third = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path, **QUICK)
+    fourth = build_figure(
+        "figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path, **QUICK
+    )
     assert (third.stats["fetched"], fourth.stats["fetched"]) == (2, 0)
     data = pd.read_csv(fourth.paths["data_csv"])
     assert data[data.method == "pdm-agg"].step.max() == 4
@@ -281,7 +286,9 @@ def test_sanitised_and_raw_metric_names_both_match(store, tmp_path):
     assert "@" in load_spec("figure-1").metric.pattern
     run = make_run("pdm-agg", "4b-bf16", 0, range(0, 3), datasets=("aime24",))
     sweep, _ = store.new_sweep([run])
-    result = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path)
+    result = build_figure(
+        "figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path, **QUICK
+    )
     data = pd.read_csv(result.paths["data_csv"])
     assert list(data.step) == [0, 1, 2]
     assert "avg@16 (AIME24)" in result.summary_markdown

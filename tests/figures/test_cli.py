@@ -40,7 +40,8 @@ def test_figure_command_writes_the_outputs(store, tmp_path, capsys):
 
 def test_default_output_goes_to_the_state_folder(store, state_home):
     sweep, _ = store.new_sweep([make_run("pdm-agg", "8b-bf16", 1, range(2))])
-    assert _pdm("figure", "figure-1", "--sweep", sweep, "--tracking-uri", store.uri, "--quiet") == 0
+    argv = ["figure", "figure-1", "--sweep", sweep, "--tracking-uri", store.uri, "--quiet"]
+    assert _pdm(*argv, "--no-diagnostics") == 0
     assert (state_home / "figures" / sweep / "figure-1" / "figure-1.png").is_file()
 
 
