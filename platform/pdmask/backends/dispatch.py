@@ -1,0 +1,69 @@
+"""Dispatch to a training backend: ``run_backend(trial, recipe, ...)``.
+
+- ``sim``: the embedded CPU trainer (this machine, a laptop, a Ray worker).
+- ``verl``: VeRL jobs on a GPU cluster, submitted as Ray Jobs (``pdmask.backends.verl``); they do
+  not run inside this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pdmask.errors import BackendUnavailable
+from pdmask.registry import MODELS, Recipe, Trial
+
+Reporter = Callable[[int, dict[str, float]], None]
+
+
+def sim_config(trial: Trial):
+    """The embedded backend's config for a trial (its model's stand-in, the recipe's K and delta)."""
+    from pdmask.backends.sim import SimTrialConfig
+
+    extra: dict[str, Any] = {}
+    if trial.delta is not None:
+        extra["delta"] = trial.delta
+    if "topk" in trial.params:
+        extra["top_k"] = int(trial.params["topk"])
+    if trial.params.get("ratio_cap") is not None:
+        extra["ratio_cap"] = float(trial.params["ratio_cap"])
+    return SimTrialConfig(
+        stand_in=MODELS[trial.model].sim_stand_in,
+        precision=trial.precision,
+        profile=trial.profile,
+        seed=trial.seed,
+        **extra,
+    )
+
+
+def planned_steps(trial: Trial) -> int | None:
+    """How many steps the trial will report (for progress and ETA)."""
+    if trial.backend == "sim":
+        return sim_config(trial).resolved().steps
+    return trial.steps
+
+
+def run_backend(
+    trial: Trial,
+    recipe: Recipe,
+    *,
+    reporter: Reporter,
+    workdir: Path,
+    should_stop: Callable[[], bool],
+) -> dict[str, float]:
+    """Train one trial in this process (resuming from ``workdir``'s checkpoint)."""
+    if trial.backend == "sim":
+        from pdmask.backends.sim import train_trial
+
+        return train_trial(
+            sim_config(trial),
+            mask_fn=recipe.mask_fn(trial.params),
+            reporter=reporter,
+            workdir=workdir,
+            should_stop=should_stop,
+        )
+    raise BackendUnavailable(
+        f"backend {trial.backend!r} does not train in-process: submit the sweep with --backend verl "
+        "--address http://HEAD:8265 (VeRL jobs on a Ray cluster)"
+    )

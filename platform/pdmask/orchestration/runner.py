@@ -1,0 +1,265 @@
+"""Run a sweep's unfinished trials on Ray Tune, track them in MLflow, resume after any stop.
+
+Flow: check the tracking store (before anything launches) → skip trials with a FINISHED run →
+start or join Ray → Tune runs the rest (one CPU each, bounded concurrency, retries on crashes)
+→ runs left RUNNING by an interrupt become KILLED (resumed next time) → summary → figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from pdmask.cli._output import table
+from pdmask.paths import state_dir
+from pdmask.registry import Registry, Sweep, Trial
+from pdmask.tracking import (
+    TrialStatusIndex,
+    ensure_experiment,
+    open_client,
+    provenance_tags,
+    resolve_tracking_uri,
+    runs_by_hash,
+)
+
+EVAL_METRIC = "val-core/synth/acc/mean_at_16"
+
+
+@dataclass
+class SweepOutcome:
+    finished: int
+    failed: int
+    skipped: int
+    interrupted: int
+    elsewhere: int = 0  # RUNNING under another live invocation's claim
+    best: dict[str, Any] | None = None
+
+
+def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], args) -> int:
+    console = Console(highlight=False)
+    uri = resolve_tracking_uri(args.tracking_uri)
+    client = open_client(uri)  # a bad store stops us here, before Ray starts
+    experiment_id = ensure_experiment(client, sweep.name)
+    tags = provenance_tags(reg.root)
+    outcome = execute(
+        sweep,
+        trials,
+        client=client,
+        uri=uri,
+        experiment_id=experiment_id,
+        tags=tags,
+        address=args.address,
+        max_concurrent=args.max_concurrent or sweep.max_concurrent,
+        root=reg.root,
+        console=console,
+    )
+    _summary(console, sweep, outcome, uri)
+    if not getattr(args, "no_figures", False) and sweep.figures and outcome.interrupted == 0:
+        _build_figures(console, reg, sweep, uri)
+    return 0 if outcome.failed == 0 and outcome.interrupted == 0 else 1
+
+
+def execute(
+    sweep: Sweep,
+    trials: list[Trial],
+    *,
+    client,
+    uri: str,
+    experiment_id: str,
+    tags: dict[str, str],
+    address: str | None,
+    max_concurrent: int | None,
+    root,
+    console: Console,
+) -> SweepOutcome:
+    from ray import tune
+
+    from pdmask.orchestration.local_ray import connect
+    from pdmask.orchestration.progress import SweepProgress
+    from pdmask.orchestration.trainable import run_trial
+
+    done = TrialStatusIndex(
+        {h: r for h, r in runs_by_hash(client, experiment_id).items()}
+    ).finished_hashes()
+    if sweep.search is not None:
+        todo_count = max(sweep.search.budget - len(done), 0)
+        todo = trials[:1] if todo_count else []
+        skipped = len(done)
+    else:
+        todo = [t for t in trials if t.trial_hash not in done]
+        todo_count, skipped = len(todo), len(trials) - len(todo)
+    console.print(
+        f"sweep {sweep.name}: {len(trials) if sweep.search is None else sweep.search.budget} trials, "
+        f"{skipped} already finished, {todo_count} to run (tracking: {uri})"
+    )
+    if not todo:
+        return SweepOutcome(0, 0, skipped, 0, _best(client, experiment_id, sweep))
+
+    env = {"PDM_PROJECT": str(root), "PDM_HOME": str(state_dir()), "MLFLOW_TRACKING_URI": uri}
+    started_ray = connect(address, env)
+    static = {
+        "tracking_uri": uri,
+        "experiment_id": experiment_id,
+        "tags": tags,
+        "project_root": str(root),
+        "eval_metric": EVAL_METRIC,
+    }
+    names = {t.trial_hash: t.run_name() for t in todo}
+    if sweep.search is not None:
+        space, searcher = _search_space(sweep, client, experiment_id)
+        static["objective"] = sweep.search.metric
+        param_space = {"trial": todo[0].model_dump(mode="json"), "search": space, **static}
+        tune_config = tune.TuneConfig(
+            search_alg=searcher, num_samples=todo_count, max_concurrent_trials=max_concurrent or 2
+        )
+    else:
+        param_space = {
+            "trial": tune.grid_search([t.model_dump(mode="json") for t in todo]),
+            **static,
+        }
+        tune_config = tune.TuneConfig(max_concurrent_trials=max_concurrent or (os.cpu_count() or 2))
+    progress = SweepProgress(names, console)
+    tuner = tune.Tuner(
+        tune.with_resources(run_trial, {"cpu": 1}),
+        param_space=param_space,
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name=f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",  # unique per invocation
+            storage_path=str(state_dir() / "ray_results"),
+            failure_config=tune.FailureConfig(max_failures=sweep.retries),
+            callbacks=[progress],
+            verbose=0,
+        ),
+    )
+    try:
+        tuner.fit()
+    except KeyboardInterrupt:
+        console.print("interrupted: stopping trials (they resume from their checkpoints next time)")
+    finally:
+        progress.close()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+    return _settle(client, experiment_id, sweep, trials, skipped, console)
+
+
+def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutcome:
+    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable)."""
+    from pdmask.orchestration.claims import is_claimed
+
+    by_hash = runs_by_hash(client, experiment_id)
+    finished = failed = interrupted = elsewhere = 0
+    hashes = list(by_hash) if sweep.search is not None else [t.trial_hash for t in trials]
+    for h in hashes:
+        runs = by_hash.get(h, [])
+        statuses = {r.info.status for r in runs}
+        if "FINISHED" in statuses:
+            finished += 1
+        elif "FAILED" in statuses:
+            failed += 1
+        elif "RUNNING" in statuses and is_claimed(h):
+            elsewhere += 1
+        else:
+            for r in runs:
+                if r.info.status == "RUNNING":
+                    client.set_terminated(r.info.run_id, status="KILLED")
+            interrupted += 1
+    return SweepOutcome(
+        finished - skipped,
+        failed,
+        skipped,
+        interrupted,
+        elsewhere,
+        _best(client, experiment_id, sweep),
+    )
+
+
+def _search_space(sweep: Sweep, client, experiment_id: str):
+    """Tune search space and an Optuna searcher warm-started with the finished trials' results."""
+    from ray import tune
+    from ray.tune.search.optuna import OptunaSearch
+
+    space = {}
+    for axis, dim in sweep.search.space.items():
+        if dim.choices is not None:
+            space[axis] = tune.choice(dim.choices)
+        else:
+            space[axis] = (tune.loguniform if dim.log else tune.uniform)(dim.low, dim.high)
+    points, rewards = [], []
+    for runs in runs_by_hash(client, experiment_id).values():
+        for r in runs:
+            value = r.data.metrics.get(sweep.search.metric.replace("@", "_at_"))
+            if r.info.status == "FINISHED" and value is not None:
+                trial = json.loads(r.data.tags.get("pdm.search_point", "{}") or "{}")
+                if set(trial) == set(space):
+                    points.append({"search": trial})
+                    rewards.append(value)
+    searcher = OptunaSearch(
+        metric="pdm_objective",
+        mode=sweep.search.mode,
+        seed=0,
+        points_to_evaluate=points or None,
+        evaluated_rewards=rewards or None,
+    )
+    return space, searcher
+
+
+def _best(client, experiment_id: str, sweep: Sweep) -> dict[str, Any] | None:
+    if sweep.search is None:
+        return None
+    key = sweep.search.metric.replace("@", "_at_")
+    best = None
+    for runs in runs_by_hash(client, experiment_id).values():
+        for r in runs:
+            value = r.data.metrics.get(key)
+            if r.info.status != "FINISHED" or value is None:
+                continue
+            better = best is None or (
+                value > best["value"] if sweep.search.mode == "max" else value < best["value"]
+            )
+            if better:
+                best = {
+                    "value": value,
+                    "run_id": r.info.run_id,
+                    "run_name": r.data.tags.get("mlflow.runName"),
+                    "delta": r.data.tags.get("pdm.delta"),
+                    "trial_hash": r.data.tags.get("pdm.trial_hash"),
+                }
+    return best
+
+
+def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> None:
+    rows = [
+        ["finished now", out.finished],
+        ["already finished (skipped)", out.skipped],
+        ["failed", out.failed],
+        ["interrupted (resume: run again)", out.interrupted],
+        ["running in another invocation", out.elsewhere],
+    ]
+    console.print(table(f"sweep {sweep.name}: summary", ["", "trials"], rows))
+    if out.best:
+        console.print(
+            f"best trial: {out.best['run_name']} ({sweep.search.metric} = {out.best['value']:.4f}, "
+            f"delta = {out.best['delta']}, run {out.best['run_id']})"
+        )
+    console.print(f"runs: {uri} (experiment {sweep.name}); inspect with `pdm ui`")
+
+
+def _build_figures(console: Console, reg: Registry, sweep: Sweep, uri: str) -> None:
+    from pdmask.figures import build_figure
+    from pdmask.figures.styles import MethodStyle
+
+    styles = {name: MethodStyle(r.display_name, r.color) for name, r in reg.recipes.items()}
+    for name in sweep.figures:
+        try:
+            result = build_figure(name, sweep=sweep.name, tracking_uri=uri, styles=styles)
+        except Exception as err:  # a figure problem must not hide that the training finished
+            console.print(f"[red]figure {name} failed: {type(err).__name__}: {err}[/red]")
+            continue
+        console.print(f"figure {name}: {result.paths.get('png')}")

@@ -1,0 +1,186 @@
+"""One MLflow run per trial: find it by trial hash, start or resume it, log steps, end it.
+
+A trial's identity is its hash (tag ``pdm.trial_hash``), never its run name. A trial with a
+FINISHED run is done; any other run of it (RUNNING after a crash, KILLED after Ctrl-C, FAILED
+after its retries) is resumed into, so each trial has exactly one run. Steps already logged are
+never logged again: a resumed trial that repeats steps after its last checkpoint keeps the first
+values, so the metric history has no duplicate or backward steps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pdmask.registry import Trial
+
+T = TypeVar("T")
+_UNSAFE = re.compile(r"[^/\w.\- :]")
+
+
+def sanitize_metric(name: str) -> str:
+    """MLflow-safe metric key, exactly as verl's MLflow adapter writes it (`@` -> `_at_`)."""
+    return _UNSAFE.sub("_", re.sub(r"//+", "/", name.replace("@", "_at_")))
+
+
+def with_retry(fn: Callable[[], T], attempts: int = 8) -> T:
+    """Retry a store call that lost a sqlite write lock to a concurrent process."""
+    for i in range(attempts):
+        try:
+            return fn()
+        except Exception as err:
+            if "database is locked" not in str(err) or i == attempts - 1:
+                raise
+            time.sleep(0.05 * 2**i)
+    raise AssertionError("unreachable")
+
+
+def find_trial_runs(client, experiment_id: str, trial_hash: str) -> list:
+    return with_retry(
+        lambda: client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`pdm.trial_hash` = '{trial_hash}'",
+            max_results=100,
+            order_by=["attributes.start_time DESC"],
+        )
+    )
+
+
+def runs_by_hash(client, experiment_id: str) -> dict[str, list]:
+    """Every run of an experiment grouped by trial hash (one query, paged)."""
+    out: dict[str, list] = {}
+    token = None
+    while True:
+        page = with_retry(
+            lambda t=token: client.search_runs([experiment_id], max_results=1000, page_token=t)
+        )
+        for run in page:
+            h = run.data.tags.get("pdm.trial_hash")
+            if h:
+                out.setdefault(h, []).append(run)
+        token = page.token
+        if not token:
+            return out
+
+
+def summarize_status(runs: list) -> str:
+    """done / failed / running / interrupted / todo from a trial's runs."""
+    statuses = {r.info.status for r in runs}
+    if "FINISHED" in statuses:
+        return "done"
+    if "RUNNING" in statuses:
+        return "running"
+    if "FAILED" in statuses:
+        return "failed"
+    if statuses:
+        return "interrupted"
+    return "todo"
+
+
+@dataclass
+class TrialRun:
+    """The open MLflow run of a trial, as seen by the process that trains it."""
+
+    client: Any
+    run_id: str
+    last_step: int
+    attempt: int
+    resumed: bool
+
+    @classmethod
+    def start_or_resume(
+        cls, client, experiment_id: str, trial: Trial, tags: dict[str, str], log_params: bool = True
+    ) -> TrialRun | None:
+        """Open the trial's run (None if it already FINISHED)."""
+        runs = find_trial_runs(client, experiment_id, trial.trial_hash)
+        if any(r.info.status == "FINISHED" for r in runs):
+            return None
+        if runs:
+            run = runs[0]
+            attempt = int(run.data.tags.get("pdm.attempts", "0")) + 1
+            if run.info.status == "RUNNING":
+                # Our process holds the trial's claim, so nobody else is in it: the last attempt died.
+                _append_failure(
+                    client, run, "attempt ended without a report (process killed or out of memory)"
+                )
+            with_retry(lambda: client.update_run(run.info.run_id, status="RUNNING"))
+            with_retry(lambda: client.set_tag(run.info.run_id, "pdm.attempts", str(attempt)))
+            last = int(run.data.tags.get("pdm.last_step", "-1"))
+            return cls(client, run.info.run_id, last, attempt, resumed=True)
+        all_tags = {
+            **trial.tags(),
+            **tags,
+            "pdm.attempts": "1",
+            "pdm.last_step": "-1",
+            "mlflow.runName": trial.run_name(),
+        }
+        run = with_retry(
+            lambda: client.create_run(experiment_id, run_name=trial.run_name(), tags=all_tags)
+        )
+        run_id = run.info.run_id
+        if log_params:
+            from mlflow.entities import Param
+
+            params = {k: v for k, v in trial.identity().items() if k != "params"}
+            params.update({f"params.{k}": v for k, v in trial.params.items()})
+            with_retry(
+                lambda: client.log_batch(
+                    run_id, params=[Param(k, str(v)) for k, v in params.items()]
+                )
+            )
+        with_retry(lambda: client.log_dict(run_id, trial.model_dump(mode="json"), "trial.json"))
+        return cls(client, run_id, -1, 1, resumed=False)
+
+    def log(self, step: int, metrics: dict[str, float]) -> bool:
+        """Log one step's metrics; steps at or below the last logged one are skipped (False)."""
+        if step <= self.last_step:
+            return False
+        from mlflow.entities import Metric, RunTag
+
+        now = int(time.time() * 1000)
+        batch = [
+            Metric(sanitize_metric(k), float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        ]
+        with_retry(
+            lambda: self.client.log_batch(
+                self.run_id, metrics=batch, tags=[RunTag("pdm.last_step", str(step))]
+            )
+        )
+        self.last_step = step
+        return True
+
+    def finish(self, summary: dict[str, Any] | None = None) -> None:
+        if summary:
+            with_retry(lambda: self.client.log_dict(self.run_id, summary, "summary.json"))
+        with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
+
+    def fail(self, reason: str, final: bool = True) -> None:
+        """Record a failure reason; ``final`` marks the run FAILED (no retry left)."""
+        run = with_retry(lambda: self.client.get_run(self.run_id))
+        _append_failure(self.client, run, reason)
+        with_retry(lambda: self.client.set_tag(self.run_id, "pdm.failure_reason", reason[:4000]))
+        with_retry(
+            lambda: self.client.set_terminated(self.run_id, status="FAILED" if final else "RUNNING")
+        )
+
+    def interrupted(self) -> None:
+        with_retry(lambda: self.client.set_terminated(self.run_id, status="KILLED"))
+
+
+def _append_failure(client, run, reason: str) -> None:
+    failures = json.loads(run.data.tags.get("pdm.failures", "[]"))
+    failures.append(
+        {
+            "attempt": int(run.data.tags.get("pdm.attempts", "1")),
+            "reason": reason[:500],
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        }
+    )
+    text = json.dumps(failures[-20:])
+    with_retry(lambda: client.set_tag(run.info.run_id, "pdm.failures", text))

@@ -1,0 +1,94 @@
+"""Helpers for sweep tests: a scratch project, `pdm` in a subprocess, the runs of a sweep."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def base_model_cache(tmp_path_factory) -> Path:
+    """One warm-start cache for the whole session: base models are per stand-in, not per test."""
+    return tmp_path_factory.mktemp("sim-cache")
+
+
+@pytest.fixture
+def project(tmp_path: Path, base_model_cache: Path) -> Path:
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    state = tmp_path / ".pdm"
+    (state / "cache").mkdir(parents=True)
+    os.symlink(base_model_cache, state / "cache" / "sim")
+    return tmp_path
+
+
+def env_for(project: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "PDM_PROJECT": str(project),
+            "PDM_HOME": str(project / ".pdm"),
+            "RAY_AUTH_MODE": "disabled",
+            "RAY_USAGE_STATS_ENABLED": "0",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def pdm(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pdmask", *args],
+        capture_output=True,
+        text=True,
+        env=env_for(project),
+        cwd=project,
+        timeout=timeout,
+    )
+
+
+def pdm_background(project: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "pdmask", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env_for(project),
+        cwd=project,
+    )
+
+
+def sweep_runs(project: Path, sweep: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+    exp = client.get_experiment_by_name(sweep)
+    return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
+
+
+def write_sweep(project: Path, name: str, body: str) -> None:
+    (project / "sweeps" / f"{name}.yaml").write_text(
+        f"name: {name}\ndescription: test sweep\n{body}"
+    )
+
+
+FOUR_TRIALS = """backend: sim
+profile: smoke
+seeds: 2
+max_concurrent: 1
+retries: 2
+grid:
+  method: [dppo-topk-kl, pdm-agg]
+  model: [qwen3-4b-base]
+  precision: [bf16]
+  delta: [0.15]
+"""

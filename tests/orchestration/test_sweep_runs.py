@@ -1,0 +1,190 @@
+"""`pdm sweep` end to end on a real local Ray and a real sqlite MLflow store."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import urllib.request
+from collections import Counter
+
+from pdmask.registry import load_registry
+
+from .conftest import FOUR_TRIALS, pdm, pdm_background, sweep_runs, write_sweep
+
+CONTRACT_TAGS = {
+    "pdm.sweep",
+    "pdm.trial_hash",
+    "pdm.method",
+    "pdm.model",
+    "pdm.precision",
+    "pdm.delta",
+    "pdm.seed",
+    "pdm.backend",
+    "pdm.git_sha",
+    "pdm.git_dirty",
+    "pdm.version.torch",
+}
+
+
+def finished_exactly_once(project, sweep: str) -> None:
+    expected = {t.trial_hash for t in load_registry(project).expand(sweep)}
+    runs = sweep_runs(project, sweep)
+    per_hash = Counter(r.data.tags["pdm.trial_hash"] for r in runs)
+    assert set(per_hash) == expected and set(per_hash.values()) == {1}, per_hash
+    assert {r.info.status for r in runs} == {"FINISHED"}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+    for r in runs:  # no duplicate or backward steps in any history
+        for key in ("critic/score/mean", "val-core/synth/acc/mean_at_16"):
+            steps = [m.step for m in client.get_metric_history(r.info.run_id, key)]
+            assert steps and steps == sorted(set(steps)), (key, steps)
+
+
+def test_smoke_sweep_then_ui(project):
+    started = time.time()
+    out = pdm(project, "sweep", "smoke")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert time.time() - started < 120
+    finished_exactly_once(project, "smoke")
+    for run in sweep_runs(project, "smoke"):
+        assert set(run.data.tags) >= CONTRACT_TAGS, CONTRACT_TAGS - set(run.data.tags)
+        assert "val-core/synth/acc/mean_at_16" in run.data.metrics
+        assert run.data.params["method"] == run.data.tags["pdm.method"]
+    # A second invocation skips everything (identity = trial hash).
+    again = pdm(project, "sweep", "smoke")
+    assert again.returncode == 0 and "2 already finished, 0 to run" in again.stdout
+    # The plan shows them done.
+    plan = pdm(project, "sweep", "smoke", "--dry-run")
+    assert plan.stdout.count(" done") == 2
+
+    ui = pdm_background(project, "ui", "--port", "0")
+    try:
+        line = ""
+        deadline = time.time() + 120
+        while "MLflow UI:" not in line and time.time() < deadline:
+            line = ui.stdout.readline()
+        url = line.split("MLflow UI:")[1].split()[0]
+        body = (
+            urllib.request.urlopen(
+                f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=smoke", timeout=10
+            )
+            .read()
+            .decode()
+        )
+        assert '"name": "smoke"' in body or '"name":"smoke"' in body
+        runs = (
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{url}/api/2.0/mlflow/runs/search",
+                    method="POST",
+                    data=b'{"experiment_ids": ["1"]}',
+                    headers={"Content-Type": "application/json"},
+                ),
+                timeout=10,
+            )
+            .read()
+            .decode()
+        )
+        assert runs.count("pdm.trial_hash") == 2
+    finally:
+        ui.send_signal(signal.SIGINT)
+        ui.wait(timeout=60)
+    assert ui.returncode == 0
+
+
+def _pid_files(project):
+    return (
+        list((project / ".pdm" / "trials").glob("*/pid"))
+        if (project / ".pdm" / "trials").exists()
+        else []
+    )
+
+
+def test_killed_trial_is_retried_and_finishes_once(project):
+    write_sweep(project, "four", FOUR_TRIALS)
+    proc = pdm_background(project, "sweep", "four")
+    killed = None
+    deadline = time.time() + 180
+    while killed is None and time.time() < deadline and proc.poll() is None:
+        for pid_file in _pid_files(project):
+            pid = int(pid_file.read_text())
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed = pid_file.parent.name
+                break
+            except ProcessLookupError:
+                continue
+        time.sleep(0.02)
+    out, _ = proc.communicate(timeout=300)
+    assert killed is not None, "no trial process appeared to kill"
+    assert proc.returncode == 0, out
+    finished_exactly_once(project, "four")
+    run = next(r for r in sweep_runs(project, "four") if r.data.tags["pdm.trial_hash"] == killed)
+    assert int(run.data.tags["pdm.attempts"]) >= 2
+    assert "killed" in run.data.tags["pdm.failures"]
+
+
+def test_interrupted_sweep_resumes(project):
+    write_sweep(project, "four", FOUR_TRIALS)
+    proc = pdm_background(project, "sweep", "four")
+    deadline = time.time() + 180
+    while not _pid_files(project) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=180)
+    unfinished = [r for r in sweep_runs(project, "four") if r.info.status != "FINISHED"]
+    assert all(r.info.status == "KILLED" for r in unfinished), [r.info.status for r in unfinished]
+    again = pdm(project, "sweep", "four")
+    assert again.returncode == 0, again.stdout + again.stderr
+    finished_exactly_once(project, "four")
+
+
+def test_two_concurrent_invocations_never_run_a_trial_twice(project):
+    write_sweep(project, "four", FOUR_TRIALS.replace("max_concurrent: 1", "max_concurrent: 2"))
+    first = pdm_background(project, "sweep", "four")
+    second = pdm_background(project, "sweep", "four")
+    out1, _ = first.communicate(timeout=300)
+    out2, _ = second.communicate(timeout=300)
+    finished_exactly_once(project, "four")
+    for run in sweep_runs(project, "four"):
+        assert run.data.tags["pdm.attempts"] == "1", run.data.tags  # trained by exactly one process
+    assert first.returncode == 0 and second.returncode == 0, out1 + out2
+
+
+def test_bad_tracking_store_fails_before_launch(project):
+    (project / ".pdm").mkdir(exist_ok=True)
+    bad = project / ".pdm" / "mlflow.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    out = pdm(project, "sweep", "smoke")
+    assert out.returncode == 2
+    assert "not a readable sqlite database" in out.stderr and str(bad) in out.stderr
+    assert not (project / ".pdm" / "ray_results").exists() and not _pid_files(project)
+    other = pdm(project, "sweep", "smoke", "--tracking-uri", "file:///tmp/nowhere")
+    assert other.returncode == 2 and "plain file store" in other.stderr
+
+
+def test_search_sweep_reports_best(project):
+    write_sweep(
+        project,
+        "search",
+        """backend: sim
+profile: smoke
+seeds: 1
+search:
+  metric: val-core/synth/acc/mean_at_16
+  mode: max
+  budget: 3
+  space:
+    delta: {low: 0.02, high: 0.3, log: true}
+  base: {method: pdm-agg, model: qwen3-4b-base, precision: fp8-rollout}
+""",
+    )
+    out = pdm(project, "sweep", "search")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "best trial:" in out.stdout
+    runs = sweep_runs(project, "search")
+    assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
+    assert len({r.data.tags["pdm.delta"] for r in runs}) == 3
+    assert all(0.02 <= float(r.data.tags["pdm.delta"]) <= 0.3 for r in runs)
