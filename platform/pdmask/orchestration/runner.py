@@ -46,6 +46,11 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], args) -> int:
     client = open_client(uri)  # a bad store stops us here, before Ray starts
     experiment_id = ensure_experiment(client, sweep.name)
     tags = provenance_tags(reg.root)
+    if trials and trials[0].backend == "verl":  # VeRL trials are Ray Jobs on a GPU cluster
+        from pdmask.orchestration.ray_jobs import run_job_sweep
+
+        return run_job_sweep(reg, sweep, trials, args, client=client, uri=uri, experiment_id=experiment_id,
+                             tags=tags, console=console)
     outcome = execute(
         sweep,
         trials,
