@@ -74,7 +74,7 @@ def _y_label(spec: FigureSpec, datasets: set[str]) -> str:
 
 
 def _footnote(ctx: _Context, smoothing: SmoothingSpec) -> str:
-    parts = ["Lines: mean over seeds at each step"]
+    parts = ["Lines: mean over the seeds present at each step"]
     if smoothing.describe():
         parts.append(smoothing.describe())
     delta = f", δ\u00a0=\u00a0{ctx.spec.delta:g}" if ctx.spec.delta is not None else ""  # no break
@@ -83,7 +83,10 @@ def _footnote(ctx: _Context, smoothing: SmoothingSpec) -> str:
 
 
 def _grid_style(ctx: _Context, band: BandSpec, seeds: str) -> GridStyle:
-    label = band.describe(seeds) if band.kind != "none" else ""
+    # A band needs two seeds: with one seed per line there is none, and no legend entry for it.
+    label = (
+        band.describe(seeds) if band.kind != "none" and seeds not in {"1 seed", "no seeds"} else ""
+    )
     return GridStyle(ctx.styles, ctx.spec.linestyles, ctx.spec.methods, ctx.spec.layout, label)
 
 

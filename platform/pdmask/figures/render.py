@@ -91,6 +91,33 @@ def _rc(layout: LayoutSpec) -> dict:
     }
 
 
+def _wrap(notes: Sequence[str], width_in: float, size_pt: float) -> str:
+    """Notes wrapped to a panel's width (DejaVu Sans averages ~0.55 em per character)."""
+    per_line = max(12, int(width_in * 72 / (0.55 * size_pt)))
+    lines = [textwrap.fill(part, per_line) for note in notes for part in note.split("\n")]
+    return "\n".join(lines)
+
+
+def _values(panel: Panel) -> np.ndarray:
+    finite = [line.aggregate.mean[np.isfinite(line.aggregate.mean)] for line in panel.lines]
+    return np.concatenate(finite) if finite else np.zeros(0)
+
+
+def _linthresh(panel: Panel) -> float:
+    """symlog's linear range: the decade of the smallest positive value (zeros stay visible)."""
+    positive = _values(panel)[_values(panel) > 0]
+    return 10.0 ** np.floor(np.log10(positive.min())) if positive.size else 1e-3
+
+
+def _log_or_fallback(panel: Panel) -> str:
+    """log when every value is positive; symlog when some are zero (no masked token is a real
+    value, which log would hide); linear when nothing is positive."""
+    values = _values(panel)
+    if values.size and values.min() > 0:
+        return "log"
+    return "symlog" if (values > 0).any() else "linear"
+
+
 def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
     """Draw one panel; True when it shows a stop marker."""
     ax.spines[["top", "right"]].set_visible(False)
@@ -103,12 +130,11 @@ def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
         ax.text(
             0.5,
             0.5,
-            "\n".join(panel.notes) or "no runs",
+            _wrap(panel.notes or ["no runs"], style.layout.panel_width, style.layout.font_size),
             transform=ax.transAxes,
             ha="center",
             va="center",
             color=NOTE_GREY,
-            wrap=True,
         )
         return False
     for line in panel.lines:
@@ -150,6 +176,8 @@ def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
             has_stop = True
     ax.xaxis.set_major_locator(MaxNLocator(5, integer=True, steps=[1, 2, 2.5, 5, 10]))
     if yscale == "log":
+        yscale = _log_or_fallback(panel)
+    if yscale == "log":
         # 1-2-5 major ticks: diagnostics often span less than a decade, where plain decade
         # ticks would leave the axis unlabelled; minor ticks stay unlabelled (mathtext is slow).
         ax.set_yscale("log")
@@ -157,7 +185,8 @@ def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
         ax.yaxis.set_minor_locator(NullLocator())
     elif yscale == "symlog":
-        ax.set_yscale("symlog", linthresh=1e-3)
+        ax.set_yscale("symlog", linthresh=_linthresh(panel))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     else:
         ax.yaxis.set_major_locator(MaxNLocator(5))
         formatter = ScalarFormatter(useMathText=False)  # mathtext parsing is slow
@@ -167,7 +196,7 @@ def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
         ax.text(
             0.98,
             0.03,
-            "\n".join(panel.notes),
+            _wrap(panel.notes, style.layout.panel_width, style.layout.font_size - 1.5),
             transform=ax.transAxes,
             ha="right",
             va="bottom",

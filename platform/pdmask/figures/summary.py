@@ -145,13 +145,13 @@ def summary_markdown(spec: FigureSpec, rows: list[dict], metric_label: str) -> s
         "|---|---|---|---|",
     ]
     for r in rows:
-        if r["kind"] == "method":
+        if r["kind"] == "method" and r["n"] > 0:
             lines.append(
                 f"| {titles[r['setting']]} | {r['method']} | "
                 f"{cell(r['final_mean'], r['final_ci'], r['n'])} | "
                 f"{cell(r['best_mean'], r['best_ci'], r['n'])} |"
             )
-    paired = [r for r in rows if r["kind"] == "paired"]
+    paired = [r for r in rows if r["kind"] == "paired" and r["n"] > 0]
     if paired:
         lines += [
             "",
@@ -168,4 +168,14 @@ def summary_markdown(spec: FigureSpec, rows: list[dict], metric_label: str) -> s
                 f"{cell(r['final_mean'], r['final_ci'], r['n'])} | "
                 f"{cell(r['best_mean'], r['best_ci'], r['n'])} | {r['wins_final']} |"
             )
+    missing: dict[str, list[str]] = {}
+    for r in rows:
+        if r["kind"] == "method" and r["n"] == 0:
+            missing.setdefault(titles[r["setting"]], []).append(r["method"])
+    if missing:
+        parts = [
+            f"{title}: {'all methods' if len(ms) == len(spec.methods) else ', '.join(ms)}"
+            for title, ms in missing.items()
+        ]
+        lines += ["", "No data (left out above): " + "; ".join(parts) + "."]
     return "\n".join(lines) + "\n"
