@@ -49,8 +49,17 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], args) -> int:
     if trials and trials[0].backend == "verl":  # VeRL trials are Ray Jobs on a GPU cluster
         from pdmask.orchestration.ray_jobs import run_job_sweep
 
-        return run_job_sweep(reg, sweep, trials, args, client=client, uri=uri, experiment_id=experiment_id,
-                             tags=tags, console=console)
+        return run_job_sweep(
+            reg,
+            sweep,
+            trials,
+            args,
+            client=client,
+            uri=uri,
+            experiment_id=experiment_id,
+            tags=tags,
+            console=console,
+        )
     outcome = execute(
         sweep,
         trials,
@@ -81,6 +90,7 @@ def execute(
     max_concurrent: int | None,
     root,
     console: Console,
+    calibration_seconds: float | None = None,
 ) -> SweepOutcome:
     from ray import tune
 
@@ -113,6 +123,7 @@ def execute(
         "tags": tags,
         "project_root": str(root),
         "eval_metric": EVAL_METRIC,
+        "calibration_seconds": calibration_seconds,
     }
     names = {t.trial_hash: t.run_name() for t in todo}
     if sweep.search is not None:
@@ -120,14 +131,20 @@ def execute(
         static["objective"] = sweep.search.metric
         param_space = {"trial": todo[0].model_dump(mode="json"), "search": space, **static}
         tune_config = tune.TuneConfig(
-            search_alg=searcher, num_samples=todo_count, max_concurrent_trials=max_concurrent or 2
+            search_alg=searcher,
+            num_samples=todo_count,
+            max_concurrent_trials=max_concurrent or 2,
+            reuse_actors=True,
         )
     else:
         param_space = {
             "trial": tune.grid_search([t.model_dump(mode="json") for t in todo]),
             **static,
         }
-        tune_config = tune.TuneConfig(max_concurrent_trials=max_concurrent or (os.cpu_count() or 2))
+        # Reused actors keep torch, MLflow and the registry imported between trials.
+        tune_config = tune.TuneConfig(
+            max_concurrent_trials=max_concurrent or (os.cpu_count() or 2), reuse_actors=True
+        )
     progress = SweepProgress(names, console)
     tuner = tune.Tuner(
         tune.with_resources(run_trial, {"cpu": 1}),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from functools import partial
 from typing import Any
 
 from pdmask.errors import ConfigError
@@ -46,7 +47,7 @@ def run_trial(config: dict[str, Any]) -> None:
     from pdmask.tracking import TrialRun, open_client
 
     trial = trial_from_config(config)
-    total = planned_steps(trial)
+    total = 5 if config.get("calibration_seconds") else planned_steps(trial)
     base = {"pdm_trial_hash": trial.trial_hash, "pdm_total_steps": total or 0}
     with Claim(trial.trial_hash) as claimed:
         if not claimed:
@@ -78,7 +79,12 @@ def run_trial(config: dict[str, Any]) -> None:
 
         try:
             recipe = load_registry(config["project_root"]).recipes[trial.method]
-            summary = run_backend(
+            backend = run_backend
+            if config.get("calibration_seconds"):  # benchmarks/bench_sweep.py: known, fixed compute
+                from pdmask.orchestration.calibration import busy_trial
+
+                backend = partial(busy_trial, seconds=config["calibration_seconds"])
+            summary = backend(
                 trial, recipe, reporter=reporter, workdir=workdir, should_stop=lambda: False
             )
         except ConfigError as err:

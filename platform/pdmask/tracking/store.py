@@ -54,6 +54,9 @@ def _check_sqlite_file(uri: str) -> None:
         )
 
 
+_CLIENTS: dict[str, object] = {}
+
+
 def open_client(uri: str | None = None):
     """An ``MlflowClient`` on a store that was checked to be readable and compatible.
 
@@ -64,6 +67,8 @@ def open_client(uri: str | None = None):
     from mlflow.tracking import MlflowClient
 
     uri = resolve_tracking_uri(uri)
+    if uri in _CLIENTS:  # checked once per process: reused Ray workers open it per trial
+        return _CLIENTS[uri]
     if uri.startswith("sqlite:"):
         _check_sqlite_file(uri)
     elif uri.startswith("file:") or "://" not in uri:
@@ -85,6 +90,7 @@ def open_client(uri: str | None = None):
     except Exception as err:  # MLflow raises many types: schema mismatch, connection refused, ...
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise TrackingError(f"tracking store {uri} cannot be used: {msg}") from None
+    _CLIENTS[uri] = client
     return client
 
 
