@@ -1,0 +1,300 @@
+"""The job builder: each trial of a sweep as one complete VeRL launch on a Ray cluster.
+
+A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``) holds:
+
+- ``entrypoint``: ``python3 -m verl.trainer.main_ppo <overrides>``, shell-quoted;
+- ``overrides``: verl's Hydra overrides, generated from the registry: the method and its
+  parameters, delta, the model (path, rollout tensor parallelism, sequence parallelism, offload),
+  the precision, nodes x GPUs on the cluster profile, the seed, the number of steps, the data and
+  reward, and the paper's setup (:class:`~pdmask.backends.verl.jobs_setup.PaperSetup`);
+- ``runtime_env``: the Ray job's environment (it reaches every actor on every node): the pdmask
+  plugin module, the MLflow tracking URI and, once pdmask has pre-created the trial's run at
+  submission, ``MLFLOW_RUN_ID``;
+- ``resources``: nodes, GPUs per node, GPUs, GPU kind (what admission control reserves);
+- ``submission_id``: ``pdm-<sweep>-<trial hash>-a<attempt>`` (the dry run shows attempt 1).
+
+Precisions on verl 0.9.1 (``overrides.py`` has the details): ``bf16`` and ``fp8-rollout`` are what
+the paper ran; ``fp8-e2e`` is FP8 rollout weights plus an FP8 KV cache with bf16 training, because
+verl 0.9.1 trains in FP8 only on engines that do not expose the full logits pdmask's hook needs.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
+from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
+from pdmask.paths import state_dir
+from pdmask.registry import CLUSTERS, MODELS, PRECISIONS, Sweep, Trial
+from pdmask.registry.plan import DEFAULT_VERL_STEPS
+
+REWARD_MODULE = "pkg://pdmask.backends.verl.rewards"
+REWARD_FUNCTION = "compute_score"
+SUBMISSION_PREFIX = "pdm-"
+
+_A = "actor_rollout_ref.actor"
+_R = "actor_rollout_ref.rollout"
+
+
+def submission_id(sweep: str, trial_hash: str, attempt: int) -> str:
+    """The Ray job id of a trial's attempt: the same on every machine, so a second submission of
+    the same attempt is refused by Ray and means "already submitted"."""
+    return f"{SUBMISSION_PREFIX}{sweep}-{trial_hash}-a{attempt}"
+
+
+def parse_submission_id(sid: str) -> tuple[str, str, int] | None:
+    """``(sweep, trial hash, attempt)`` of a pdmask submission id, None for any other job."""
+    if not sid or not sid.startswith(SUBMISSION_PREFIX):
+        return None
+    body, _, attempt = sid[len(SUBMISSION_PREFIX) :].rpartition("-a")
+    sweep, _, trial_hash = body.rpartition("-")
+    if not (sweep and len(trial_hash) == 16 and attempt.isdigit()):
+        return None
+    if any(c not in "0123456789abcdef" for c in trial_hash):
+        return None
+    return sweep, trial_hash, int(attempt)
+
+
+def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
+    """Nodes x GPUs of one trial on a cluster profile (whole nodes when it needs more than one)."""
+    profile = CLUSTERS[cluster]
+    gpus = MODELS[trial.model].gpu_needs[profile.gpu_kind].gpus
+    per_node = min(gpus, profile.gpus_per_node)
+    nodes = math.ceil(gpus / per_node)
+    return {"nodes": nodes, "gpus_per_node": per_node, "gpus": gpus, "gpu_kind": profile.gpu_kind}
+
+
+def _resource_problems(trial: Trial, cluster: str, res: dict[str, Any]) -> list[Problem]:
+    profile = CLUSTERS[cluster]
+    where = f"trial {trial.run_name()} ({trial.trial_hash})"
+    problems = []
+    if res["nodes"] * res["gpus_per_node"] != res["gpus"]:
+        problems.append(
+            Problem(
+                where,
+                "resources",
+                f"{res['gpus']} GPUs do not fill whole {profile.gpus_per_node}-GPU nodes",
+            )
+        )
+    if res["nodes"] > profile.nodes:
+        problems.append(
+            Problem(
+                where, "--cluster", f"needs {res['nodes']} nodes; {cluster} has {profile.nodes}"
+            )
+        )
+    return problems
+
+
+def _model_path(trial: Trial, settings: JobSettings) -> str:
+    hub_id = MODELS[trial.model].hub_id
+    if settings.model_root:
+        return f"{settings.model_root.rstrip('/')}/{hub_id.split('/')[-1]}"
+    return hub_id
+
+
+def _data_files(settings: JobSettings) -> dict[str, Path]:
+    from pdmask.backends.verl.data import prepared_files
+
+    return prepared_files(settings.data_dir)
+
+
+def _trial_extra(
+    trial: Trial, sweep: Sweep, res: dict[str, Any], settings: JobSettings, setup: PaperSetup
+) -> dict[str, Any]:
+    """Everything beyond the method: data, reward, setup, model placement, seed, steps."""
+    model = MODELS[trial.model]
+    files = _data_files(settings)
+    checkpoints = settings.checkpoint_dir or state_dir() / "checkpoints" / "verl"
+    seed = trial.seed
+    extra: dict[str, Any] = {
+        "data.train_files": str(files["train"]),
+        "data.val_files": str(files["val"]),
+        "data.train_batch_size": setup.train_batch_size,
+        "data.max_prompt_length": setup.max_prompt_length,
+        "data.max_response_length": setup.max_response_length,
+        "data.filter_overlong_prompts": True,
+        "data.truncation": "error",
+        "data.seed": seed,
+        "reward.custom_reward_function.path": REWARD_MODULE,
+        "reward.custom_reward_function.name": REWARD_FUNCTION,
+        f"{_R}.n": setup.group_size,
+        f"{_R}.tensor_model_parallel_size": model.rollout_tp,
+        f"{_R}.gpu_memory_utilization": setup.gpu_memory_utilization,
+        f"{_R}.seed": seed,
+        f"{_R}.val_kwargs.n": setup.val_samples,
+        f"{_R}.val_kwargs.do_sample": True,
+        f"{_R}.val_kwargs.temperature": setup.val_temperature,
+        f"{_R}.val_kwargs.top_p": setup.val_top_p,
+        f"{_A}.ppo_mini_batch_size": setup.ppo_mini_batch_size,
+        # dynamic batching packs tokens; one sequence must always fit a GPU's budget
+        f"{_A}.ppo_max_token_len_per_gpu": 2
+        * (setup.max_prompt_length + setup.max_response_length),
+        f"{_A}.ulysses_sequence_parallel_size": model.ulysses_sp,
+        f"{_A}.fsdp_config.param_offload": model.param_offload,
+        f"{_A}.fsdp_config.optimizer_offload": model.param_offload,
+        f"{_A}.fsdp_config.seed": seed,
+        f"{_A}.data_loader_seed": seed,
+        f"{_A}.optim.lr": setup.learning_rate,
+        f"{_A}.optim.weight_decay": setup.weight_decay,
+        f"{_A}.optim.lr_warmup_steps": setup.warmup_steps,
+        f"{_A}.grad_clip": setup.grad_clip,
+        "trainer.total_training_steps": trial.steps or DEFAULT_VERL_STEPS,
+        "trainer.total_epochs": setup.total_epochs,
+        "trainer.test_freq": setup.test_freq,
+        "trainer.val_before_train": True,
+        "trainer.save_freq": setup.save_freq,
+        "trainer.max_actor_ckpt_to_keep": setup.checkpoints_kept,
+        "trainer.resume_mode": "auto",
+        # per trial hash: a retry resumes its own checkpoints, never another trial's
+        "trainer.default_local_dir": str(Path(checkpoints) / sweep.name / trial.trial_hash),
+    }
+    params = trial.params
+    if trial.method == "grpo-clip-higher":
+        extra[f"{_A}.clip_ratio_low"] = params.get("eps_low", 0.2)
+        extra[f"{_A}.clip_ratio_high"] = params.get("eps_high", 0.28)
+    elif params.get("ratio_cap") is not None:
+        extra[f"+{_A}.policy_loss.pdm_ratio_cap"] = float(params["ratio_cap"])
+    return extra
+
+
+def _method_problems(trial: Trial) -> list[Problem]:
+    where = f"trial {trial.run_name()} ({trial.trial_hash})"
+    if trial.method == "grpo-clip-higher" and trial.params.get("ratio_cap") is not None:
+        return [
+            Problem(
+                where,
+                "params.ratio_cap",
+                "verl's vanilla loss (grpo-clip-higher) has no truncated-IS cap; leave it unset",
+            )
+        ]
+    return []
+
+
+def trial_overrides(
+    trial: Trial,
+    sweep: Sweep,
+    cluster: str,
+    settings: JobSettings | None = None,
+    setup: PaperSetup | None = None,
+) -> list[str]:
+    """verl's Hydra overrides for one trial (raises ValidationFailed naming every problem)."""
+    settings = settings or JobSettings.from_env()
+    setup = setup or PaperSetup()
+    res = trial_resources(trial, cluster)
+    problems = _resource_problems(trial, cluster, res) + _method_problems(trial)
+    if problems:
+        raise ValidationFailed(problems)
+    try:
+        generated = _generated(trial, sweep, res, settings, setup)
+    except ValidationFailed as err:  # name the trial: a sweep reports all of its trials at once
+        where = f"trial {trial.run_name()} ({trial.trial_hash})"
+        raise ValidationFailed([Problem(where, p.field, p.message) for p in err.problems]) from None
+    # Site overrides are Hydra text already: appended verbatim, replacing generated keys.
+    site = settings.extra()
+    replaced = {k.lstrip("+") for k in site}
+    kept = [o for o in generated if o.split("=", 1)[0].lstrip("+") not in replaced]
+    return kept + [f"{k}={v}" for k, v in site.items()]
+
+
+def _generated(trial, sweep, res, settings, setup) -> list[str]:
+    from pdmask.backends.verl.overrides import verl_overrides
+
+    return verl_overrides(
+        trial.method,
+        trial.delta,
+        model_path=_model_path(trial, settings),
+        nnodes=res["nodes"],
+        n_gpus_per_node=res["gpus_per_node"],
+        precision=trial.precision,
+        mu_source=trial.mu_source,
+        topk=int(trial.params.get("topk", 20)),
+        experiment=sweep.name,
+        run_name=trial.run_name(),
+        extra=_trial_extra(trial, sweep, res, settings, setup),
+    )
+
+
+def job_env_vars(
+    trial: Trial, *, tracking_uri: str, run_id: str | None, attempt: int, sid: str
+) -> dict[str, str]:
+    """The Ray job's environment: verl's plugin and MLflow run, plus the trial's identity."""
+    from pdmask.backends.verl.overrides import job_env
+
+    env = job_env(tracking_uri=tracking_uri, run_id=run_id)
+    env.update(
+        {
+            "PDM_TRIAL_HASH": trial.trial_hash,
+            "PDM_ATTEMPT": str(attempt),
+            "PDM_SUBMISSION_ID": sid,
+            "PYTHONUNBUFFERED": "1",  # the log tail of a failed job ends where it failed
+            "HYDRA_FULL_ERROR": "1",  # a config error shows its whole cause in the tail
+        }
+    )
+    return env
+
+
+def job_spec(
+    trial: Trial,
+    sweep: Sweep,
+    *,
+    cluster: str,
+    tracking_uri: str,
+    run_id: str | None = None,
+    attempt: int = 1,
+    settings: JobSettings | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """One trial's complete Ray job: entrypoint, runtime env, resources, submission id."""
+    settings = settings or JobSettings.from_env()
+    overrides = (
+        overrides if overrides is not None else trial_overrides(trial, sweep, cluster, settings)
+    )
+    sid = submission_id(sweep.name, trial.trial_hash, attempt)
+    env = job_env_vars(trial, tracking_uri=tracking_uri, run_id=run_id, attempt=attempt, sid=sid)
+    return {
+        "trial_hash": trial.trial_hash,
+        "run_name": trial.run_name(),
+        "submission_id": sid,
+        "attempt": attempt,
+        "entrypoint": f"{settings.entrypoint} {shlex.join(overrides)}",
+        "overrides": overrides,
+        "runtime_env": {"env_vars": env},
+        "resources": trial_resources(trial, cluster),
+        "precision": PRECISIONS[trial.precision].verl,
+        "mlflow": {
+            "tracking_uri": tracking_uri,
+            "experiment": sweep.name,
+            "run": run_id or "pre-created with the trial's tags at submission (MLFLOW_RUN_ID)",
+            "tags": trial.tags(),
+        },
+    }
+
+
+def job_specs(
+    reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str | None
+) -> list[dict[str, Any]]:
+    """Job specs of every trial (attempt 1, no run yet); every problem of every trial at once."""
+    try:
+        import pdmask.backends.verl.overrides  # noqa: F401  (needs verl's config classes)
+    except ImportError as err:
+        raise BackendUnavailable(
+            f"the VeRL job builder needs the verl extra: pip install 'pdmask[verl]' ({err})"
+        ) from None
+    from pdmask.tracking.store import resolve_tracking_uri
+
+    uri = resolve_tracking_uri(tracking_uri)
+    settings = JobSettings.from_env()
+    specs, problems = [], []
+    for trial in trials:
+        try:
+            specs.append(
+                job_spec(trial, sweep, cluster=cluster, tracking_uri=uri, settings=settings)
+            )
+        except ValidationFailed as err:
+            problems.extend(err.problems)
+    if problems:
+        raise ValidationFailed(problems)
+    return specs

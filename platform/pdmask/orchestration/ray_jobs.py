@@ -1,0 +1,393 @@
+"""Run a sweep's VeRL trials as Ray Jobs on a cluster: admit, submit or attach, poll, retry, settle.
+
+Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
+
+1. Every trial's job is built and checked first (nothing launches on a bad grid), and every trial
+   must fit the cluster's nodes. Trials with a FINISHED run (by trial hash) are skipped.
+2. The cluster's job list is read: a trial whose job is still PENDING/RUNNING (a previous
+   invocation was stopped) is *attached*, never submitted twice. Submission ids are deterministic,
+   ``pdm-<sweep>-<trial hash>-a<attempt>``, so a second submission of the same attempt is refused by
+   Ray, and that refusal also means "attach".
+3. Admission: a job is submitted only while its GPUs fit into the cluster's free GPUs, which are
+   ``total - max(GPUs in use now, GPUs reserved by this sweep's running jobs)`` (a job that is
+   still starting holds its reservation before verl allocates the GPUs). Largest trials go first.
+4. Before each submission pdmask pre-creates (or resumes) the trial's one MLflow run with TAGS
+   ONLY (verl logs its config as params itself; a conflicting param would silently disable
+   MLflow) and passes it as ``MLFLOW_RUN_ID``; a retry attaches to the same run.
+5. Polling: a job that FAILED (or was STOPPED) marks its run FAILED with the log's tail as
+   ``pdm.failure_reason`` (every attempt's reason is kept in ``pdm.failures``), and is retried
+   ``sweep.retries`` times; a job that SUCCEEDED whose run is not FINISHED is settled: FINISHED
+   (tagged ``pdm.finished_by``) when the run has metrics, else a failed attempt.
+6. Ctrl-C detaches: the jobs keep running on the cluster; the same command attaches again.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+from pdmask.backends.verl.jobs import job_spec, submission_id, trial_overrides
+from pdmask.backends.verl.jobs_setup import JobSettings
+from pdmask.cli._output import table
+from pdmask.errors import ConfigError, Problem, ValidationFailed
+from pdmask.orchestration.ray_jobs_cluster import JobCluster, JobView
+from pdmask.registry import Trial
+from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
+from pdmask.tracking.runs import with_retry
+
+POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
+FINISHED_BY_TAG = "pdm.finished_by"
+
+
+@dataclass
+class TrialJob:
+    """One trial's life on the cluster during this invocation."""
+
+    trial: Trial
+    overrides: list[str]
+    gpus: int
+    tries_left: int
+    attempts: set[int] = field(default_factory=set)  # every attempt number seen on the cluster
+    sid: str | None = None  # the current attempt's submission id
+    run_id: str | None = None
+    state: str = "queued"  # queued -> active -> finished | failed (or queued again to retry)
+    reason: str = ""
+
+
+def run_job_sweep(
+    reg, sweep, trials: list[Trial], args, *, client, uri, experiment_id, tags, console
+) -> int:
+    """Run every unfinished trial of ``sweep`` as a Ray job; exit code 0 when all finished."""
+    address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
+    if not address:
+        raise ConfigError(
+            "--backend verl submits Ray Jobs to a cluster: give --address http://HEAD:8265 "
+            "(or set RAY_ADDRESS)"
+        )
+    cluster_name = getattr(args, "cluster", None) or sweep.cluster
+    settings = JobSettings.from_env()
+    jobs = _build_all(sweep, trials, cluster_name, settings)  # raises before anything launches
+    _check_data(settings)
+    _warn_about_store(uri, address, console)
+
+    cluster = JobCluster(address)
+    _check_fit(jobs, cluster.node_gpus(), cluster_name)
+    done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
+    todo = [j for j in jobs if j.trial.trial_hash not in done]
+    console.print(
+        f"sweep {sweep.name}: {len(jobs)} trials, {len(jobs) - len(todo)} already finished, "
+        f"{len(todo)} to run as Ray jobs on {cluster.address} (tracking: {uri})"
+    )
+    runner = JobRunner(
+        sweep=sweep,
+        cluster=cluster,
+        cluster_name=cluster_name,
+        settings=settings,
+        client=client,
+        uri=uri,
+        experiment_id=experiment_id,
+        tags=tags,
+        console=console,
+        max_concurrent=getattr(args, "max_concurrent", None) or sweep.max_concurrent,
+    )
+    runner.adopt(todo)
+    try:
+        runner.run(todo)
+    except KeyboardInterrupt:
+        active = [j.sid for j in todo if j.state == "active"]
+        console.print(
+            f"detached: {len(active)} job(s) keep running on the cluster ({', '.join(active)}); "
+            "run the same command again to attach to them"
+        )
+        return 1
+    _summary(console, sweep, jobs, done, uri)
+    failed = [j for j in todo if j.state != "finished"]
+    if not failed and sweep.figures and not getattr(args, "no_figures", False):
+        from pdmask.orchestration.runner import _build_figures
+
+        _build_figures(console, reg, sweep, uri)
+    return 1 if failed else 0
+
+
+@dataclass
+class JobRunner:
+    """Admission, submission, polling and settling of one sweep's trial jobs."""
+
+    sweep: object
+    cluster: JobCluster
+    cluster_name: str
+    settings: JobSettings
+    client: object
+    uri: str
+    experiment_id: str
+    tags: dict[str, str]
+    console: object
+    max_concurrent: int | None = None
+    _waiting_note: str = ""
+
+    # ------------------------------------------------------------ start-up
+    def adopt(self, todo: list[TrialJob]) -> None:
+        """Attach to this sweep's jobs already on the cluster (active, or ended unrecorded)."""
+        existing = self.cluster.pdm_jobs(self.sweep.name)
+        for job in todo:
+            attempts = existing.get(job.trial.trial_hash, {})
+            job.attempts = set(attempts)
+            if not attempts:
+                continue
+            latest = attempts[max(attempts)]
+            if latest.active or self._unrecorded(latest):
+                job.sid, job.state, job.tries_left = (
+                    latest.submission_id,
+                    "active",
+                    job.tries_left - 1,
+                )
+                job.run_id = latest.run_id or self._run_id_of(job.trial)
+                self.console.print(
+                    f"attached to {latest.submission_id} ({latest.status}): {job.trial.run_name()}"
+                )
+
+    def _unrecorded(self, view: JobView) -> bool:
+        """An ended job whose run still says RUNNING: nobody recorded how it ended."""
+        if view.run_id is None:
+            return False
+        try:
+            run = with_retry(lambda: self.client.get_run(view.run_id))
+        except Exception:
+            return False
+        return run.info.status == "RUNNING"
+
+    def _run_id_of(self, trial: Trial) -> str | None:
+        runs = runs_by_hash(self.client, self.experiment_id).get(trial.trial_hash, [])
+        return runs[0].info.run_id if runs else None
+
+    # ------------------------------------------------------------ main loop
+    def run(self, todo: list[TrialJob]) -> None:
+        poll = float(os.environ.get("PDM_JOB_POLL_SECONDS", POLL_SECONDS))
+        while any(j.state in ("queued", "active") for j in todo):
+            for job in todo:
+                if job.state == "active":
+                    view = self.cluster.view(job.sid)
+                    if not view.active:
+                        self._settle(job, view)
+            self._admit(todo)
+            if any(j.state in ("queued", "active") for j in todo):
+                time.sleep(poll)
+
+    def _admit(self, todo: list[TrialJob]) -> None:
+        active = [j for j in todo if j.state == "active"]
+        queued = sorted((j for j in todo if j.state == "queued"), key=lambda j: -j.gpus)
+        if not queued:
+            return
+        total = sum(self.cluster.node_gpus())
+        reserved = sum(j.gpus for j in active)
+        free = total - max(self.cluster.gpus_in_use(), reserved)
+        admitted = 0
+        for job in queued:
+            if self.max_concurrent and len(active) + admitted >= self.max_concurrent:
+                break
+            if job.gpus <= free:
+                self._submit(job)
+                if job.state == "active":
+                    free -= job.gpus
+                    admitted += 1
+        waiting = [j for j in queued if j.state == "queued"]
+        note = (
+            f"{len(waiting)} trial(s) waiting for GPUs ({free:g} of {total:g} free)"
+            if waiting
+            else ""
+        )
+        if note and note != self._waiting_note:
+            self.console.print(note)
+        self._waiting_note = note
+
+    def _submit(self, job: TrialJob) -> None:
+        run = TrialRun.start_or_resume(
+            self.client, self.experiment_id, job.trial, self.tags, log_params=False
+        )
+        if run is None:  # another invocation finished it meanwhile
+            job.state = "finished"
+            return
+        attempt = max(job.attempts, default=0) + 1
+        spec = job_spec(
+            job.trial,
+            self.sweep,
+            cluster=self.cluster_name,
+            tracking_uri=self.uri,
+            run_id=run.run_id,
+            attempt=attempt,
+            settings=self.settings,
+            overrides=job.overrides,
+        )
+        sid = spec["submission_id"]
+        res = spec["resources"]
+        for key, value in {
+            "pdm.ray_job": sid,
+            "pdm.ray_address": self.cluster.address,
+            "pdm.verl.resources": f"{res['nodes']}x{res['gpus_per_node']} {res['gpu_kind']}",
+        }.items():
+            with_retry(lambda k=key, v=value: self.client.set_tag(run.run_id, k, v))
+        job.attempts.add(attempt)
+        job.tries_left -= 1
+        job.sid, job.run_id, job.state = sid, run.run_id, "active"
+        metadata = {
+            "pdm.sweep": self.sweep.name,
+            "pdm.trial_hash": job.trial.trial_hash,
+            "pdm.run_id": run.run_id,
+            "pdm.run_name": job.trial.run_name(),
+        }
+        try:
+            attached = self.cluster.submit(spec, metadata)
+        except Exception as err:  # the cluster refused it: a failed attempt like any other
+            self._fail(job, f"submitting Ray job {sid} failed: {type(err).__name__}: {err}")
+            return
+        verb = "attached to already submitted" if attached else "submitted"
+        self.console.print(
+            f"{verb} {sid} ({res['gpus']} GPUs, attempt {attempt}): {job.trial.run_name()}"
+        )
+
+    # ------------------------------------------------------------ outcomes
+    def _settle(self, job: TrialJob, view: JobView) -> None:
+        run_id = view.run_id or job.run_id
+        job.run_id = run_id
+        if view.status == "SUCCEEDED":
+            problem = self._settle_success(run_id)
+            if problem is None:
+                job.state = "finished"
+                self.console.print(f"FINISHED {job.trial.run_name()} ({view.submission_id})")
+                return
+            self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {problem}")
+        else:
+            self._fail(job, self.cluster.failure_reason(view))
+
+    def _settle_success(self, run_id: str | None) -> str | None:
+        """None when the run is (now) FINISHED; otherwise what is wrong with it."""
+        if run_id is None:
+            return "no MLflow run is known for it"
+        run = with_retry(lambda: self.client.get_run(run_id))
+        status = run.info.status
+        if status == "FINISHED":
+            return None
+        if status == "RUNNING" and run.data.metrics:
+            # verl ended without closing the run (e.g. killed after its last step was logged)
+            with_retry(
+                lambda: self.client.set_tag(
+                    run_id, FINISHED_BY_TAG, "pdm: job SUCCEEDED, run left RUNNING"
+                )
+            )
+            with_retry(lambda: self.client.set_terminated(run_id, status="FINISHED"))
+            return None
+        if status == "RUNNING":
+            return (
+                "its MLflow run has no metrics: verl's MLflow logging did not reach the run "
+                "(unreachable tracking URI from the nodes, or a param conflict disabling it)"
+            )
+        reason = run.data.tags.get("pdm.failure_reason", "")
+        return f"its MLflow run ended {status}" + (f": {reason}" if reason else "")
+
+    def _fail(self, job: TrialJob, reason: str) -> None:
+        if job.run_id:
+            TrialRun(self.client, job.run_id, -1, 0, True).fail(reason, final=True)
+        job.reason = reason
+        last = reason.strip().splitlines()[-1] if reason.strip() else ""
+        if job.tries_left > 0:
+            job.state = "queued"
+            self.console.print(
+                f"FAILED {job.sid}: {last[:160]} -- retrying ({job.tries_left} retr"
+                f"{'y' if job.tries_left == 1 else 'ies'} left)"
+            )
+        else:
+            job.state = "failed"
+            self.console.print(f"FAILED {job.sid}: {last[:160]} -- no retries left")
+
+
+# ---------------------------------------------------------------- checks before launching
+def _build_all(
+    sweep, trials: list[Trial], cluster_name: str, settings: JobSettings
+) -> list[TrialJob]:
+    from pdmask.backends.verl.jobs import trial_resources
+
+    jobs, problems = [], []
+    for trial in trials:
+        try:
+            overrides = trial_overrides(trial, sweep, cluster_name, settings)
+        except ValidationFailed as err:
+            problems.extend(err.problems)
+            continue
+        gpus = trial_resources(trial, cluster_name)["gpus"]
+        jobs.append(TrialJob(trial, overrides, gpus, tries_left=1 + sweep.retries))
+    if problems:
+        raise ValidationFailed(problems)
+    return jobs
+
+
+def _check_data(settings: JobSettings) -> None:
+    """Without PDM_DATA_DIR the data must be where `pdm data prepare` wrote it, here."""
+    if settings.data_dir is not None:
+        return  # a path on the nodes: only they can check it
+    from pdmask.backends.verl.data import prepared_files
+
+    files = prepared_files()
+    missing = [str(files[k]) for k in ("train", "val") if not files[k].exists()]
+    if missing:
+        raise ConfigError(
+            f"no prepared data at {', '.join(missing)}: run `pdm data prepare --dapo ... --aime24 "
+            "... --aime25 ...` first, or set PDM_DATA_DIR to the folder where the nodes find the files"
+        )
+
+
+def _check_fit(jobs: list[TrialJob], node_gpus: list[float], cluster_name: str) -> None:
+    """Every trial must fit the cluster's nodes, or it would wait forever."""
+    from pdmask.backends.verl.jobs import trial_resources
+
+    problems = []
+    for job in jobs:
+        res = trial_resources(job.trial, cluster_name)
+        nodes_fitting = sum(1 for g in node_gpus if g >= res["gpus_per_node"])
+        if nodes_fitting < res["nodes"]:
+            problems.append(
+                Problem(
+                    f"trial {job.trial.run_name()} ({job.trial.trial_hash})",
+                    "--cluster",
+                    f"needs {res['nodes']} node(s) with {res['gpus_per_node']} GPUs ({cluster_name}); "
+                    f"the cluster's alive nodes have GPUs {sorted(node_gpus, reverse=True) or 'none'}",
+                )
+            )
+    if problems:
+        raise ValidationFailed(problems)
+
+
+def _warn_about_store(uri: str, address: str, console) -> None:
+    host = urlparse(address if "://" in address else f"http://{address}").hostname or ""
+    if uri.startswith("sqlite:") and host not in ("127.0.0.1", "localhost", "::1"):
+        console.print(
+            f"[yellow]tracking store {uri} is a local file: the nodes must see it at the same path "
+            "(shared filesystem); otherwise start an MLflow server the nodes can reach and pass "
+            "--tracking-uri http://HOST:5000[/yellow]"
+        )
+
+
+def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> None:
+    rows = []
+    for job in jobs:
+        status = "skipped (finished before)" if job.trial.trial_hash in done else job.state
+        reason = (
+            job.reason.strip().splitlines()[-1][:60]
+            if job.state == "failed" and job.reason.strip()
+            else ""
+        )
+        ids = ", ".join(
+            submission_id(sweep.name, job.trial.trial_hash, a).rsplit("-", 1)[1]
+            for a in sorted(job.attempts)
+        )
+        rows.append([job.trial.run_name(), job.trial.trial_hash[:10], ids, status, reason])
+    console.print(
+        table(
+            f"sweep {sweep.name}: Ray jobs",
+            ["trial", "hash", "attempts", "status", "last error"],
+            rows,
+            wrap={"last error"},
+        )
+    )
+    console.print(f"runs: {uri} (experiment {sweep.name}); inspect with `pdm ui`")

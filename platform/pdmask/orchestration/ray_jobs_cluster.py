@@ -1,0 +1,133 @@
+"""A Ray cluster as pdmask's job runner sees it, through the dashboard's HTTP address.
+
+Ray Jobs gives submission, status and logs; the state API gives the nodes' GPUs; the dashboard's
+cluster status gives the GPUs in use. Nothing here connects a Ray driver to the cluster, so the
+submitting machine needs no Ray node and no open GCS port, only the dashboard's (8265).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+from typing import Any
+
+from pdmask.backends.verl.jobs import parse_submission_id
+from pdmask.errors import ConfigError
+
+ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})
+TAIL_LINES = 40
+TAIL_CHARS = 4000  # pdm.failure_reason is an MLflow tag: keep it well inside the tag limit
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One Ray job, reduced to what the runner decides on."""
+
+    submission_id: str
+    status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
+    run_id: str | None  # the MLflow run the job logs into (its MLFLOW_RUN_ID)
+    message: str
+    exit_code: int | None
+    error_type: str | None
+
+    @property
+    def active(self) -> bool:
+        return self.status in ACTIVE_STATES
+
+    @classmethod
+    def of(cls, info) -> JobView:
+        env = ((info.runtime_env or {}).get("env_vars") or {}) if info.runtime_env else {}
+        return cls(
+            submission_id=info.submission_id,
+            status=str(getattr(info.status, "value", info.status)),
+            run_id=env.get("MLFLOW_RUN_ID") or (info.metadata or {}).get("pdm.run_id"),
+            message=info.message or "",
+            exit_code=getattr(info, "driver_exit_code", None),
+            error_type=str(info.error_type) if getattr(info, "error_type", None) else None,
+        )
+
+
+class JobCluster:
+    """Ray Jobs on one cluster: submit-or-attach, job views, failure tails, GPU capacity."""
+
+    def __init__(self, address: str):
+        from ray.job_submission import JobSubmissionClient
+
+        try:
+            self.client = JobSubmissionClient(address)
+        except Exception as err:  # connection refused, bad address, version mismatch, ...
+            raise ConfigError(
+                f"--address {address}: cannot reach the Ray cluster's job API ({err}); give the "
+                "head's dashboard address, e.g. http://HEAD:8265"
+            ) from None
+        self.address = self.client.get_address()
+
+    # ---------------------------------------------------------------- jobs
+    def pdm_jobs(self, sweep: str) -> dict[str, dict[int, JobView]]:
+        """This sweep's jobs on the cluster: trial hash -> attempt -> job."""
+        out: dict[str, dict[int, JobView]] = {}
+        for info in self.client.list_jobs():
+            parsed = parse_submission_id(info.submission_id or "")
+            if parsed and parsed[0] == sweep:
+                out.setdefault(parsed[1], {})[parsed[2]] = JobView.of(info)
+        return out
+
+    def submit(self, spec: dict[str, Any], metadata: dict[str, str]) -> bool:
+        """Submit a job spec; True when its id already existed (someone submitted it: attach)."""
+        try:
+            self.client.submit_job(
+                entrypoint=spec["entrypoint"],
+                submission_id=spec["submission_id"],
+                runtime_env=spec["runtime_env"],
+                metadata=metadata,
+            )
+        except RuntimeError as err:
+            if "already exists" in str(err):
+                return True
+            raise
+        return False
+
+    def view(self, submission_id: str) -> JobView:
+        return JobView.of(self.client.get_job_info(submission_id))
+
+    def failure_reason(self, job: JobView) -> str:
+        """Why a job failed: its status, exit code and Ray's message, then its log's last lines."""
+        head = f"Ray job {job.submission_id} {job.status}"
+        if job.exit_code is not None:
+            head += f" (exit code {job.exit_code})"
+        message, _, logs = job.message.partition("last available logs")
+        if not logs:  # Ray keeps a log tail in the message of entrypoint failures only
+            try:
+                logs = self.client.get_job_logs(job.submission_id)
+            except Exception as err:  # a lost log must not hide the failure itself
+                logs = f"(log unavailable: {err})"
+        else:
+            logs = logs.partition("\n")[2]
+        tail = "\n".join(logs.rstrip().splitlines()[-TAIL_LINES:])
+        text = f"{head}: {message.strip().rstrip(',')}\n--- log tail ---\n{tail}"
+        return (
+            text
+            if len(text) <= TAIL_CHARS
+            else head + ": ...\n" + text[-(TAIL_CHARS - len(head) - 6) :]
+        )
+
+    # ---------------------------------------------------------------- GPUs
+    def node_gpus(self) -> list[float]:
+        """GPUs of every alive node."""
+        from ray.util.state import list_nodes
+
+        nodes = list_nodes(address=self.address, detail=True, raise_on_missing_output=False)
+        return [
+            float((n.resources_total or {}).get("GPU", 0.0)) for n in nodes if n.state == "ALIVE"
+        ]
+
+    def gpus_in_use(self) -> float:
+        """GPUs held right now by anything on the cluster (0 if the dashboard does not say)."""
+        try:
+            with urllib.request.urlopen(f"{self.address}/api/cluster_status", timeout=10) as r:
+                data = json.load(r)
+            usage = data["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
+            return float(usage.get("GPU", [0.0, 0.0])[0])
+        except Exception:  # an older/newer dashboard: count only our own reservations
+            return 0.0
