@@ -27,15 +27,20 @@ class StandInSpec(BaseModel):
     d_ff: int = Field(description="Hidden width of each MLP (of each expert for MoE).")
     n_experts: int = Field(1, description="Experts per MoE layer; 1 means a dense MLP.")
     experts_per_token: int = Field(1, description="Experts routed per token (top-k).")
-    warmstart_steps: int = Field(description="Supervised steps of the warm start (base model).")
+    warmstart_max_steps: int = Field(
+        1500, description="Cap on the warm start's clean phase (it stops once the task is learned)."
+    )
+    warmstart_target_acc: float = Field(
+        0.97, description="Clean phase ends when this share of a batch is right in every digit."
+    )
+    warmstart_noisy_steps: int = Field(
+        200, description="Steps of the noisy phase that makes sampled answers often wrong."
+    )
+    warmstart_noise: float = Field(
+        0.4, description="Probability that a noisy-phase answer digit is replaced at random."
+    )
     warmstart_batch: int = Field(128, description="Demonstrations per warm-start step.")
     warmstart_lr: float = Field(3e-3, description="Peak learning rate of the warm start.")
-    warmstart_noise: float = Field(
-        0.4, description="Share of answer digits randomised in the last part of the warm start."
-    )
-    warmstart_noisy_frac: float = Field(
-        0.25, description="Final fraction of the warm start that trains on the noisy answers."
-    )
 
 
 class ProfileSpec(BaseModel):
@@ -55,8 +60,8 @@ class ProfileSpec(BaseModel):
     checkpoint_every: int = Field(description="Write a checkpoint every this many steps.")
     warmstart_steps: int | None = Field(
         None,
-        description="Override of the stand-in's warm-start length (the smoke profile's tiny base "
-        "model); None keeps the stand-in's own. Base models are cached per length.",
+        description="Cap on the warm start's total length (the smoke profile's tiny base model); "
+        "None keeps the stand-in's own recipe. Base models are cached per recipe.",
     )
 
 
@@ -70,28 +75,24 @@ STAND_INS: dict[str, StandInSpec] = {
             n_layers=2,
             n_heads=4,
             d_ff=256,
-            warmstart_steps=700,
         ),
         StandInSpec(
             name="tiny-8b",
             mirrors="Qwen3-8B-Base",
-            d_model=96,
-            n_layers=2,
+            d_model=64,
+            n_layers=3,
             n_heads=4,
-            d_ff=384,
-            warmstart_steps=700,
-            warmstart_lr=2e-3,
+            d_ff=256,
         ),
         StandInSpec(
             name="tiny-30b-a3b",
             mirrors="Qwen3-30B-A3B-Base",
             d_model=64,
-            n_layers=3,
+            n_layers=2,
             n_heads=4,
             d_ff=128,
             n_experts=8,
             experts_per_token=2,
-            warmstart_steps=600,
         ),
     ]
 }
@@ -113,7 +114,7 @@ PROFILES: dict[str, ProfileSpec] = {
         prompts_per_step=32,
         group_size=8,
         minibatches=4,
-        lr=1e-3,
+        lr=3e-4,
         eval_every=10,
         eval_problems=96,
         checkpoint_every=10,

@@ -130,6 +130,16 @@ class AdditionTask:
         tokens = FIRST_DIGIT_TOKEN + ranks * 10 + digits
         return torch.cat([tokens, torch.full((a.shape[0], 1), EOS)], dim=1)
 
+    def token_class(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Meaning of tokens, synonyms pooled: the digit 0..9, or 10 for any other token."""
+        return torch.where(tokens >= FIRST_DIGIT_TOKEN, (tokens - FIRST_DIGIT_TOKEN) % 10, 10)
+
+    def likeliest_class(self, probs: torch.Tensor) -> torch.Tensor:
+        """The most likely class (as :meth:`token_class`) of distributions ``probs [..., V]``."""
+        digits = probs[..., FIRST_DIGIT_TOKEN:].unflatten(-1, (self.synonyms_per_digit, 10))
+        other = probs[..., :FIRST_DIGIT_TOKEN].sum(-1, keepdim=True)
+        return torch.cat([digits.sum(-2), other], dim=-1).argmax(-1)
+
     # ---- reward -------------------------------------------------------------------------------
     def score(self, a: torch.Tensor, b: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
         """1.0 where the response is exactly the answer's digits then ``<eos>``, else 0.0."""

@@ -25,8 +25,10 @@ from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
 from pdmask.errors import ConfigError
 from pdmask.paths import state_dir
 
-WARMSTART_VERSION = 1  # bump when the recipe below changes: old cache entries are then ignored
+WARMSTART_VERSION = 2  # bump when the recipe below changes: old cache entries are then ignored
 WARMSTART_SEED = 0
+WARMUP_STEPS = 50  # linear learning-rate warmup of the clean phase
+NOISY_LR_FRACTION = 0.3  # the noisy phase starts at this share of the peak rate, decays to 0
 
 
 def default_cache_dir() -> Path:
@@ -47,7 +49,7 @@ def new_model(spec: StandInSpec, task: AdditionTask = DEFAULT_TASK) -> TinyDecod
     )
 
 
-def _cache_key(spec: StandInSpec, task: AdditionTask, steps: int) -> str:
+def _cache_key(spec: StandInSpec, task: AdditionTask, steps: int | None) -> str:
     identity = {
         "version": WARMSTART_VERSION,
         "spec": spec.model_dump(),
@@ -74,7 +76,6 @@ def prepare_base_model(
     if stand_in not in STAND_INS:
         raise ConfigError(f"unknown stand-in {stand_in!r}; known: {', '.join(STAND_INS)}")
     spec = STAND_INS[stand_in]
-    steps = spec.warmstart_steps if steps is None else steps
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{stand_in}-{_cache_key(spec, task, steps)}.pt"
@@ -83,8 +84,8 @@ def prepare_base_model(
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on a crash
         if not path.exists():
-            model = warm_start(spec, task, steps)
-            payload = {"state_dict": model.state_dict(), "stand_in": stand_in, "steps": steps}
+            model, info = warm_start(spec, task, steps)
+            payload = {"state_dict": model.state_dict(), "stand_in": stand_in, **info}
             atomic_torch_save(payload, path)
     return path
 
@@ -97,29 +98,63 @@ def load_base_model(
     return model
 
 
-def warm_start(spec: StandInSpec, task: AdditionTask, steps: int) -> TinyDecoder:
-    """Next-token training on correct demonstrations (loss on response tokens only)."""
+def warm_start(
+    spec: StandInSpec, task: AdditionTask, steps: int | None = None
+) -> tuple[TinyDecoder, dict]:
+    """Next-token training on demonstrations (loss on response tokens only), in two phases.
+
+    1. Clean answers until the model has learned the task (teacher-forced, every digit's most
+       likely class right on ``warmstart_target_acc`` of a batch's sequences, averaged over 20
+       steps) or ``warmstart_max_steps``. Stopping on a criterion rather than a step count keeps
+       the base models comparable across stand-ins and machines (learning the task is abrupt).
+    2. ``warmstart_noisy_steps`` steps on answers whose digits are randomised with probability
+       ``warmstart_noise``, at a decaying learning rate: the model stays right in its mode but
+       becomes often wrong when sampled, as a base model is before RL.
+
+    ``steps`` (a profile's override, e.g. the smoke profile's) caps both phases together at
+    ``steps`` (three quarters clean, one quarter noisy) and skips the criterion's wait.
+    """
+    if steps is None:
+        clean_cap, noisy_steps = spec.warmstart_max_steps, spec.warmstart_noisy_steps
+    else:
+        clean_cap = steps - steps // 4
+        noisy_steps = steps // 4
     generator = torch.Generator().manual_seed(WARMSTART_SEED)
     with torch.random.fork_rng():
         torch.manual_seed(WARMSTART_SEED)
         model = new_model(spec, task)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.warmstart_lr, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(
-        optimizer, max_lr=spec.warmstart_lr, total_steps=max(steps, 1), pct_start=0.1
-    )
+
+    recent: list[float] = []
+    clean_steps = 0
+    for step in range(clean_cap):
+        clean_steps = step + 1
+        lr = spec.warmstart_lr * min(1.0, (step + 1) / WARMUP_STEPS)
+        recent = (recent + [_train_step(model, optimizer, task, spec, generator, lr, 0.0)])[-20:]
+        if len(recent) == 20 and sum(recent) / 20 >= spec.warmstart_target_acc:
+            break
+    for step in range(noisy_steps):
+        lr = spec.warmstart_lr * NOISY_LR_FRACTION * (1 - step / noisy_steps)
+        _train_step(model, optimizer, task, spec, generator, lr, spec.warmstart_noise)
+    info = {"clean_steps": clean_steps, "noisy_steps": noisy_steps, "clean_acc": recent[-1:]}
+    return model, info
+
+
+def _train_step(model, optimizer, task, spec, generator, lr, noise) -> float:
+    """One supervised step; returns the share of sequences whose every position's most likely
+    class (digit or special token, synonyms pooled) is the demonstrated one."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr
     start = task.prompt_len - 1  # logits at this position predict the first response token
-    noisy_from = steps - round(steps * spec.warmstart_noisy_frac)
-    for step in range(steps):
-        noise = spec.warmstart_noise if step >= noisy_from else 0.0
-        a, b = task.sample_train(spec.warmstart_batch, generator)
-        seq = torch.cat([task.prompts(a, b), task.demonstrations(a, b, generator, noise)], dim=1)
-        logits = model(seq[:, :-1], logits_from=start)
-        loss = F.cross_entropy(
-            logits.reshape(-1, logits.shape[-1]), seq[:, start + 1 :].reshape(-1)
-        )
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        schedule.step()
-    return model
+    a, b = task.sample_train(spec.warmstart_batch, generator)
+    seq = torch.cat([task.prompts(a, b), task.demonstrations(a, b, generator, noise)], dim=1)
+    targets = seq[:, start + 1 :]
+    logits = model(seq[:, :-1], logits_from=start)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    with torch.no_grad():
+        predicted = task.likeliest_class(logits.softmax(-1))
+        return float((predicted == task.token_class(targets)).all(-1).float().mean())
