@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from pdmask.backends.verl.config import DEFAULT_TOPK
-from pdmask.backends.verl.loss_names import method_for_loss_mode
+from pdmask.backends.verl.loss_names import DEFAULT_TOPK, method_for_loss_mode
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.trust_region import get_method
 

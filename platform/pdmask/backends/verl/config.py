@@ -13,9 +13,9 @@ from typing import Optional
 
 from verl.workers.config import PolicyLossConfig
 
-MU_SOURCES = ("rollout", "recompute")
+from pdmask.backends.verl.loss_names import DEFAULT_TOPK, MU_SOURCES  # noqa: F401 (re-exported)
+
 SUPPORT_MODES = ("union", "overwrite")
-DEFAULT_TOPK = 20
 
 
 def _doc(text: str) -> dict:

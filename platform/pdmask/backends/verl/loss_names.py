@@ -12,6 +12,10 @@ from pdmask.trust_region import METHODS
 
 GRPO_METHOD = "grpo-clip-higher"
 VANILLA_LOSS = "vanilla"
+# Values of pdmask's knobs in verl's config, kept here (no verl import) so that the job builder,
+# which only writes overrides, does not pay for importing verl.
+MU_SOURCES = ("rollout", "recompute")
+DEFAULT_TOPK = 20
 
 
 def verl_loss_name(method: str) -> str:

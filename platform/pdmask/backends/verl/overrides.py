@@ -28,8 +28,7 @@ import json
 from typing import Any
 
 from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_MAX_LOGPROBS
-from pdmask.backends.verl.config import MU_SOURCES
-from pdmask.backends.verl.loss_names import GRPO_METHOD, verl_loss_name
+from pdmask.backends.verl.loss_names import GRPO_METHOD, MU_SOURCES, verl_loss_name
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.trust_region import METHODS
 
