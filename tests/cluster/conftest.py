@@ -1,0 +1,188 @@
+"""A real Ray head on loopback for Ray Jobs tests, a scratch project, and `pdm` in a subprocess.
+
+The head is started with ``ray start --head --block`` in its own session, with its own temporary
+folder and free ports (several engineers' heads may share the machine), and fake GPUs: Ray takes
+``--num-gpus`` at its word, so admission control is testable without GPUs. It is stopped by PID:
+every process it started (found by walking the process tree before stopping) gets SIGTERM, then
+SIGKILL. Never ``ray stop``: that would stop every Ray on the machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _children() -> dict[int, list[int]]:
+    tree: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        tree.setdefault(ppid, []).append(int(entry))
+    return tree
+
+
+def _descendants(pid: int) -> list[int]:
+    tree, out, todo = _children(), [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(tree.get(p, []))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def stop_by_pid(pids: list[int], grace: float = 5.0) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, sig)
+        deadline = time.time() + grace
+        while time.time() < deadline and any(_alive(p) for p in pids):
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """``http://127.0.0.1:PORT`` of a fresh head with 2 CPUs and 16 fake GPUs."""
+    tmp = tempfile.mkdtemp(
+        prefix="pdmray", dir="/tmp"
+    )  # short: Ray's socket paths are length-capped
+    dash = _free_port()
+    ports = {
+        "--port": _free_port(),
+        "--dashboard-port": dash,
+        "--ray-client-server-port": _free_port(),
+        "--dashboard-agent-listen-port": _free_port(),
+        "--dashboard-agent-grpc-port": _free_port(),
+        "--metrics-export-port": _free_port(),
+        "--runtime-env-agent-port": _free_port(),
+        "--node-manager-port": _free_port(),
+        "--object-manager-port": _free_port(),
+    }
+    cmd = [
+        str(Path(sys.executable).with_name("ray")),
+        "start",
+        "--head",
+        "--block",
+        "--node-ip-address=127.0.0.1",
+        "--dashboard-host=127.0.0.1",
+        "--include-dashboard=true",
+        "--disable-usage-stats",
+        "--num-cpus=2",
+        f"--num-gpus={HEAD_GPUS}",
+        f"--object-store-memory={512 * 1024 * 1024}",
+        f"--temp-dir={tmp}",
+        *(f"{k}={v}" for k, v in ports.items()),
+    ]
+    log = open(Path(tmp) / "head.log", "w")  # noqa: SIM115 (closed at teardown)
+    head = subprocess.Popen(
+        cmd,
+        env={**os.environ, **RAY_ENV},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{dash}"
+    try:
+        _wait_for_jobs_api(address, head, Path(tmp) / "head.log")
+        yield address
+    finally:
+        stop_by_pid(_descendants(head.pid))
+        head.wait(timeout=10)
+        log.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _wait_for_jobs_api(
+    address: str, head: subprocess.Popen, log: Path, timeout: float = 90
+) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if head.poll() is not None:
+            raise RuntimeError(f"ray start exited {head.returncode}:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{address}/api/version", timeout=2):
+                return
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"Ray's job API did not come up at {address}:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / ".pdm").mkdir()
+    return tmp_path
+
+
+def env_for(project: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
+    env.update(RAY_ENV)
+    env.update(
+        {
+            "PDM_PROJECT": str(project),
+            "PDM_HOME": str(project / ".pdm"),
+            "PDM_DATA_DIR": str(project / "data-on-the-nodes"),
+            "PDM_JOB_POLL_SECONDS": "0.5",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
+
+
+def pdm_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pdmask", *args]
+
+
+def tracking_client(project: Path):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+
+
+def sweep_runs(project: Path, sweep: str) -> dict[str, object]:
+    """The sweep's runs by trial hash (one run per trial is part of what is tested)."""
+    client = tracking_client(project)
+    exp = client.get_experiment_by_name(sweep)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    out: dict[str, list] = {}
+    for r in runs:
+        out.setdefault(r.data.tags["pdm.trial_hash"], []).append(r)
+    return out
