@@ -1,0 +1,94 @@
+"""Reach, for one seed, the state a token-level analysis looks at: ``pi`` lagging ``mu`` as in training.
+
+Protocol: train the setting's trial (its recipe's mask, its optimizer) for ``train_steps`` full RL
+steps; roll out one more batch from the behaviour copy (FP8/bf16 as the setting says, top-20 view
+plus the full distribution kept for exact references); train all its minibatches but the last with
+the recipe's mask, exactly as the trainer would; return the last, not yet trained minibatch at the
+current parameters, with the optimizer state as training left it.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from pdmask.analysis.config import TokenAnalysisConfig
+from pdmask.analysis.setting import TrainingSetting
+
+
+@dataclass
+class AnalysedState:
+    """The trial's live objects (``setup``) and the analysed minibatch's sequence ``index``."""
+
+    setup: object  # pdmask.backends.sim.AnalysisSetup
+    index: torch.Tensor
+    reward_mean: float  # mean reward of the analysed rollout (how far training has come)
+
+
+def guarded_update(setup, mask: torch.Tensor, index: torch.Tensor) -> None:
+    """``setup.update`` without its harmless 'tensor that requires grad to scalar' warning."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Converting a tensor with requires_grad")
+        setup.update(mask, index)
+
+
+def minibatch_split(
+    size: int, group_size: int, minibatches: int, split: str, generator: torch.Generator
+) -> tuple[torch.Tensor, ...]:
+    """Sequence indices of each minibatch: shuffled sequences, or shuffled whole groups."""
+    if split == "groups":
+        groups = torch.randperm(size // group_size, generator=generator)
+        order = (groups[:, None] * group_size + torch.arange(group_size)).reshape(-1)
+    else:
+        order = torch.randperm(size, generator=generator)
+    return order.chunk(minibatches)
+
+
+def reach_analysis_state(
+    setting: TrainingSetting, cfg: TokenAnalysisConfig, seed: int
+) -> AnalysedState:
+    from pdmask.backends.dispatch import sim_config
+    from pdmask.backends.sim import AnalysisSetup
+    from pdmask.backends.sim.grpo import collect_rollout
+    from pdmask.backends.sim.task import DEFAULT_TASK
+    from pdmask.backends.sim.trainer import TrialState, rl_step, step_generator
+    from pdmask.registry import load_registry
+
+    trial = setting.trial(seed)
+    sim_cfg = sim_config(trial)
+    mask_fn = load_registry().recipes[trial.method].mask_fn(trial.params)
+    state = TrialState(sim_cfg)
+    for step in range(1, cfg.train_steps + 1):
+        rl_step(state, mask_fn, step)
+
+    budget = sim_cfg.resolved()
+    generator = step_generator(seed, cfg.train_steps + 1, "token-analysis")
+    state.trainer.train()
+    batch = collect_rollout(
+        state.behaviour,
+        DEFAULT_TASK,
+        prompts=cfg.prompts or budget.prompts_per_step,
+        group_size=budget.group_size,
+        generator=generator,
+        top_k=sim_cfg.top_k,
+        keep_full=True,
+    )
+    setup = AnalysisSetup(
+        sim_cfg,
+        DEFAULT_TASK,
+        state.trainer,
+        state.behaviour,
+        state.optimizer,
+        batch,
+        cfg.train_steps,
+    )
+    minibatches = minibatch_split(
+        batch.size, budget.group_size, cfg.minibatches or budget.minibatches, cfg.split, generator
+    )
+    for index in minibatches[:-1]:
+        with torch.no_grad():
+            stats = setup.stats(setup.logits(index), index)
+        guarded_update(setup, mask_fn(stats, setup.advantages[index]), index)
+    return AnalysedState(setup, minibatches[-1], float(batch.rewards.mean()))
