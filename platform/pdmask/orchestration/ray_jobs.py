@@ -66,6 +66,11 @@ def run_job_sweep(
             "--backend verl submits Ray Jobs to a cluster: give --address http://HEAD:8265 "
             "(or set RAY_ADDRESS)"
         )
+    if sweep.search is not None:
+        raise ConfigError(
+            f"sweep {sweep.name} is a search: searches run on the embedded backend; on VeRL, "
+            "list the points as a grid"
+        )
     cluster_name = getattr(args, "cluster", None) or sweep.cluster
     settings = JobSettings.from_env()
     jobs = _build_all(sweep, trials, cluster_name, settings)  # raises before anything launches
@@ -164,16 +169,29 @@ class JobRunner:
 
     # ------------------------------------------------------------ main loop
     def run(self, todo: list[TrialJob]) -> None:
-        poll = float(os.environ.get("PDM_JOB_POLL_SECONDS", POLL_SECONDS))
+        poll = _poll_seconds()
         while any(j.state in ("queued", "active") for j in todo):
             for job in todo:
                 if job.state == "active":
-                    view = self.cluster.view(job.sid)
-                    if not view.active:
-                        self._settle(job, view)
-            self._admit(todo)
+                    self._poll(job)
+            try:
+                self._admit(todo)
+            except OSError as err:  # the dashboard is briefly unreachable: try again next round
+                self.console.print(f"[yellow]admission skipped this round: {err}[/yellow]")
             if any(j.state in ("queued", "active") for j in todo):
                 time.sleep(poll)
+
+    def _poll(self, job: TrialJob) -> None:
+        try:
+            view = self.cluster.view(job.sid)
+        except Exception as err:
+            if "does not exist" in str(err):  # deleted from the cluster (`ray job delete`)
+                self._fail(job, f"Ray job {job.sid} disappeared from the cluster")
+            else:  # a dashboard restart or a network blip must not end the sweep
+                self.console.print(f"[yellow]cannot read {job.sid} now ({err}); retrying[/yellow]")
+            return
+        if not view.active:
+            self._settle(job, view)
 
     def _admit(self, todo: list[TrialJob]) -> None:
         active = [j for j in todo if j.state == "active"]
@@ -303,6 +321,17 @@ class JobRunner:
 
 
 # ---------------------------------------------------------------- checks before launching
+def _poll_seconds() -> float:
+    raw = os.environ.get("PDM_JOB_POLL_SECONDS", str(POLL_SECONDS))
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"PDM_JOB_POLL_SECONDS must be a positive number of seconds, got {raw!r}")
+    return value
+
+
 def _build_all(
     sweep, trials: list[Trial], cluster_name: str, settings: JobSettings
 ) -> list[TrialJob]:

@@ -117,7 +117,10 @@ class JobCluster:
         """GPUs of every alive node."""
         from ray.util.state import list_nodes
 
-        nodes = list_nodes(address=self.address, detail=True, raise_on_missing_output=False)
+        try:
+            nodes = list_nodes(address=self.address, detail=True, raise_on_missing_output=False)
+        except Exception as err:  # Ray's state API raises its own types for network trouble
+            raise ConnectionError(f"cannot list the nodes of {self.address}: {err}") from err
         return [
             float((n.resources_total or {}).get("GPU", 0.0)) for n in nodes if n.state == "ALIVE"
         ]
