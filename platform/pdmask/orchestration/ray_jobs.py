@@ -78,7 +78,11 @@ def run_job_sweep(
     _warn_about_store(uri, address, console)
 
     cluster = JobCluster(address)
-    _check_fit(jobs, cluster.node_gpus(), cluster_name)
+    try:
+        node_gpus = cluster.node_gpus()
+    except ConnectionError as err:
+        raise ConfigError(f"--address {address}: {err}") from None
+    _check_fit(jobs, node_gpus, cluster_name)
     done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
     todo = [j for j in jobs if j.trial.trial_hash not in done]
     console.print(
