@@ -47,8 +47,8 @@ class PaperSetup(BaseModel):
     max_prompt_length: int = Field(2048, description="Prompt tokens (DAPO's value).")
     max_response_length: int = Field(
         8192,
-        description="Generated tokens per response (DAPO used 20480 on 32B; 8192 keeps a "
-        "300-step trial of the 4B model within about a day on 8 H20).",
+        description="Generated tokens per response: a cost choice (DAPO used 20480 for its 32B "
+        "model). Not given by the paper.",
     )
     learning_rate: float = Field(1e-6, description="AdamW learning rate (DAPO's value).")
     weight_decay: float = Field(0.1, description="AdamW weight decay (DAPO's value).")
