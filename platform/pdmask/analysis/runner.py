@@ -128,15 +128,17 @@ def _analyse_seeds(cfg, setting, todo, config_hash, folder, jobs, progress) -> l
 
 
 def _prepare_base_model(setting: TrainingSetting, progress: Progress) -> dict[str, Any]:
-    """Build the stand-in's base model once, before the workers start (they would queue on it)."""
+    """Build the stand-in's base model once, before the workers start (they would queue on it).
+
+    Opening the seed-0 trial state builds it exactly as the trainer does (cached, locked).
+    """
     from pdmask.backends.dispatch import sim_config
-    from pdmask.backends.sim import prepare_base_model
+    from pdmask.backends.sim.trainer import TrialState
 
     sim_cfg = sim_config(setting.trial(0))
-    budget = sim_cfg.resolved()
     progress(f"base model of {sim_cfg.stand_in} (built once, then cached)")
-    prepare_base_model(sim_cfg.stand_in, cache_dir=sim_cfg.cache_dir, steps=budget.warmstart_steps)
-    return {"stand_in": sim_cfg.stand_in, "budget": budget}
+    TrialState(sim_cfg)
+    return {"stand_in": sim_cfg.stand_in, "budget": sim_cfg.resolved()}
 
 
 def run_token_analysis(
