@@ -26,6 +26,7 @@ from pdmask.backends.sim.grpo import (
     trainer_logits,
 )
 from pdmask.backends.sim.model import TinyDecoder
+from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
 from pdmask.backends.sim.trainer import TrialState, step_generator
 from pdmask.trust_region import TokenStats, aggregate_loss, per_token_loss
@@ -80,7 +81,7 @@ class AnalysisSetup:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.trainer.parameters(), self.config.grad_clip)
         self.optimizer.step()
-        return float(loss)
+        return loss.item()
 
 
 def build_analysis_setup(
@@ -95,8 +96,14 @@ def build_analysis_setup(
     ``workdir``: start from that trial's checkpoint (else the base model). ``stale_updates``: plain
     (unmasked) GRPO updates on random minibatches of the batch before returning, so ``pi`` lags
     behind ``mu`` like a later minibatch's. ``batch_seed`` picks a different batch from the same
-    state.
+    state. Builds single-threaded; callers that keep computing should too
+    (``pdmask.backends.sim.runtime.single_threaded``).
     """
+    with single_threaded():
+        return _build(cfg, workdir, stale_updates, batch_seed)
+
+
+def _build(cfg, workdir, stale_updates, batch_seed) -> AnalysisSetup:
     state = TrialState(cfg)
     if workdir is not None and not state.resume(Path(workdir)):
         raise FileNotFoundError(f"no checkpoint in {workdir}")

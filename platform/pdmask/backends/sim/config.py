@@ -79,11 +79,10 @@ class SimTrialConfig(BaseModel):
     checkpoint_every: int | None = Field(
         None, gt=0, description="Checkpoint every this many steps; None = the profile's."
     )
-    warmstart_steps: int | None = Field(
+    base_model: Literal["stand-in", "quick"] | None = Field(
         None,
-        gt=0,
-        description="Warm-start length of the base model; None = the profile's override, else the "
-        "stand-in's own.",
+        description="Warm start of the base model: 'stand-in' (full recipe) or 'quick' (30 "
+        "steps, for smoke runs); None = the profile's.",
     )
     cache_dir: str | None = Field(
         None,

@@ -11,6 +11,8 @@ within 15 minutes, ``full`` gives smoother curves.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -58,10 +60,10 @@ class ProfileSpec(BaseModel):
     eval_every: int = Field(description="Evaluate avg@16 every this many steps (plus 0 and last).")
     eval_problems: int = Field(description="Held-out problems in the avg@16 evaluation.")
     checkpoint_every: int = Field(description="Write a checkpoint every this many steps.")
-    warmstart_steps: int | None = Field(
-        None,
-        description="Cap on the warm start's total length (the smoke profile's tiny base model); "
-        "None keeps the stand-in's own recipe. Base models are cached per recipe.",
+    base_model: Literal["stand-in", "quick"] = Field(
+        "stand-in",
+        description="Warm start of the base model: the stand-in's full recipe, or a quick "
+        "30-step one (smoke runs; that model barely knows the task).",
     )
 
 
@@ -107,7 +109,7 @@ PROFILES: dict[str, ProfileSpec] = {
         eval_every=2,
         eval_problems=8,
         checkpoint_every=2,
-        warmstart_steps=30,
+        base_model="quick",
     ),
     "default": ProfileSpec(
         steps=120,

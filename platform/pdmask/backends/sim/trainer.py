@@ -6,6 +6,11 @@ first are stale, as in VeRL with ``ppo_mini_batch_size < train_batch_size``), ea
 recipe's mask and the masked loss from the math API; then the trainer's weights are synced into
 the behaviour copy in the setting's precision.
 
+Metrics are the means over the step's minibatches, plus ``actor/pdm/mismatch_kl_*`` (first
+minibatch: precision mismatch only) and ``actor/pdm/stale_kl_topk`` (last minibatch: mismatch plus
+policy lag). ``actor/pdm/kl_full_mean`` and ``sign_match_*`` use the full behaviour distribution,
+which only a simulator has.
+
 Every random draw of step ``s`` comes from generators seeded by ``(seed, s)``, so a trial resumed
 from a checkpoint continues exactly as if it had never stopped.
 """
@@ -31,6 +36,7 @@ from pdmask.backends.sim.grpo import (
 )
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.precision import configure_trainer, make_behaviour, sync_behaviour
+from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.backends.sim.warmstart import load_base_model, prepare_base_model
 from pdmask.errors import TrialFailed
@@ -54,7 +60,7 @@ class TrialState:
         self.cfg = cfg
         budget = cfg.resolved()
         base = prepare_base_model(
-            cfg.stand_in, cache_dir=cfg.cache_dir, steps=budget.warmstart_steps
+            cfg.stand_in, cache_dir=cfg.cache_dir, quick=budget.base_model == "quick"
         )
         torch.manual_seed(cfg.seed)
         self.trainer: TinyDecoder = configure_trainer(
@@ -121,8 +127,8 @@ def _update(
     mask = mask_fn(stats, advantages)
     loss_mat = per_token_loss(stats.logp, stats.mu_logp, advantages, mask)
     loss = aggregate_loss(loss_mat, valid, cfg.loss_agg_mode)
-    if not torch.isfinite(loss):
-        raise TrialFailed(f"non-finite policy loss ({float(loss)}) at step {step}")
+    if not torch.isfinite(loss.detach()):
+        raise TrialFailed(f"non-finite policy loss ({loss.item()}) at step {step}")
     state.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(state.trainer.parameters(), cfg.grad_clip)
@@ -164,6 +170,11 @@ def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
     ]
     sync_behaviour(state.trainer, state.behaviour, cfg.precision, cfg.fp8_scaling)
     metrics = {k: sum(m[k] for m in per_update) / len(per_update) for k in per_update[0]}
+    # The first minibatch meets the trainer exactly as it was synced: its divergence is the
+    # precision mismatch alone. The last one adds the policy lag of the stale updates.
+    metrics["actor/pdm/mismatch_kl_topk"] = per_update[0]["actor/pdm/kl_topk_mean"]
+    metrics["actor/pdm/mismatch_kl_full"] = per_update[0]["actor/pdm/kl_full_mean"]
+    metrics["actor/pdm/stale_kl_topk"] = per_update[-1]["actor/pdm/kl_topk_mean"]
     metrics["critic/score/mean"] = float(batch.rewards.mean())
     metrics["response_length/mean"] = float(batch.valid.sum(1).float().mean())
     metrics["perf/tokens_per_s"] = batch.num_tokens / (time.perf_counter() - started)
@@ -181,15 +192,8 @@ def train_trial(
     """Run (or resume) one trial; see the package docstring for the contract."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    threads = torch.get_num_threads()
-    deterministic = torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)  # two trials share two cores
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    try:
+    with single_threaded():  # two trials share two cores
         return _run(cfg, mask_fn, reporter, workdir, should_stop)
-    finally:
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
 
 
 def _run(cfg, mask_fn, reporter, workdir, should_stop) -> dict[str, float]:

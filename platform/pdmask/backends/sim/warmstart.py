@@ -13,6 +13,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import torch
@@ -20,15 +21,19 @@ import torch.nn.functional as F
 
 from pdmask.backends.sim.checkpoint import atomic_torch_save
 from pdmask.backends.sim.model import TinyDecoder
+from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.specs import STAND_INS, StandInSpec
 from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
 from pdmask.errors import ConfigError
 from pdmask.paths import state_dir
 
+log = logging.getLogger(__name__)
+
 WARMSTART_VERSION = 2  # bump when the recipe below changes: old cache entries are then ignored
 WARMSTART_SEED = 0
 WARMUP_STEPS = 50  # linear learning-rate warmup of the clean phase
 NOISY_LR_FRACTION = 0.3  # the noisy phase starts at this share of the peak rate, decays to 0
+QUICK_STEPS = (24, 6)  # clean and noisy steps of a quick (smoke) warm start
 
 
 def default_cache_dir() -> Path:
@@ -49,12 +54,12 @@ def new_model(spec: StandInSpec, task: AdditionTask = DEFAULT_TASK) -> TinyDecod
     )
 
 
-def _cache_key(spec: StandInSpec, task: AdditionTask, steps: int | None) -> str:
+def _cache_key(spec: StandInSpec, task: AdditionTask, quick: bool) -> str:
     identity = {
         "version": WARMSTART_VERSION,
         "spec": spec.model_dump(),
         "task": task.__dict__,
-        "steps": steps,
+        "quick": quick,
         "seed": WARMSTART_SEED,
         "torch": torch.__version__.split("+")[0],
     }
@@ -66,25 +71,27 @@ def prepare_base_model(
     stand_in: str,
     *,
     cache_dir: Path | str | None = None,
-    steps: int | None = None,
+    quick: bool = False,
     task: AdditionTask = DEFAULT_TASK,
 ) -> Path:
     """Path of the stand-in's cached base model, training it first if no one has yet.
 
-    ``steps`` overrides the stand-in's warm-start length (the smoke profile uses a few steps).
+    ``quick``: a 30-step warm start instead of the stand-in's recipe (smoke runs).
     """
     if stand_in not in STAND_INS:
         raise ConfigError(f"unknown stand-in {stand_in!r}; known: {', '.join(STAND_INS)}")
     spec = STAND_INS[stand_in]
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{stand_in}-{_cache_key(spec, task, steps)}.pt"
+    path = folder / f"{stand_in}-{_cache_key(spec, task, quick)}.pt"
     if path.exists():
         return path
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on a crash
         if not path.exists():
-            model, info = warm_start(spec, task, steps)
+            log.info("training the %s base model into %s", stand_in, path)
+            with single_threaded():
+                model, info = warm_start(spec, task, quick=quick)
             payload = {"state_dict": model.state_dict(), "stand_in": stand_in, **info}
             atomic_torch_save(payload, path)
     return path
@@ -99,7 +106,7 @@ def load_base_model(
 
 
 def warm_start(
-    spec: StandInSpec, task: AdditionTask, steps: int | None = None
+    spec: StandInSpec, task: AdditionTask, *, quick: bool = False
 ) -> tuple[TinyDecoder, dict]:
     """Next-token training on demonstrations (loss on response tokens only), in two phases.
 
@@ -111,14 +118,12 @@ def warm_start(
        ``warmstart_noise``, at a decaying learning rate: the model stays right in its mode but
        becomes often wrong when sampled, as a base model is before RL.
 
-    ``steps`` (a profile's override, e.g. the smoke profile's) caps both phases together at
-    ``steps`` (three quarters clean, one quarter noisy) and skips the criterion's wait.
+    ``quick`` (smoke runs): 24 clean and 6 noisy steps; the model barely knows the task.
     """
-    if steps is None:
-        clean_cap, noisy_steps = spec.warmstart_max_steps, spec.warmstart_noisy_steps
+    if quick:
+        clean_cap, noisy_steps = QUICK_STEPS
     else:
-        clean_cap = steps - steps // 4
-        noisy_steps = steps // 4
+        clean_cap, noisy_steps = spec.warmstart_max_steps, spec.warmstart_noisy_steps
     generator = torch.Generator().manual_seed(WARMSTART_SEED)
     with torch.random.fork_rng():
         torch.manual_seed(WARMSTART_SEED)

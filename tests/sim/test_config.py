@@ -1,0 +1,44 @@
+"""Trial config validation and profile overrides."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdmask.backends.sim import PROFILES, STAND_INS, SimTrialConfig
+from pdmask.errors import ConfigError, ValidationFailed
+
+
+def test_presets_cover_the_registry_names():
+    assert set(STAND_INS) == {"tiny-4b", "tiny-8b", "tiny-30b-a3b"}
+    assert set(PROFILES) == {"smoke", "default", "full"}
+    assert PROFILES["smoke"].steps < PROFILES["default"].steps < PROFILES["full"].steps
+
+
+def test_every_field_is_documented():
+    for model in (SimTrialConfig, type(PROFILES["smoke"]), type(STAND_INS["tiny-4b"])):
+        undocumented = [n for n, f in model.model_fields.items() if not f.description]
+        assert not undocumented, f"{model.__name__}: {undocumented}"
+
+
+def test_overrides_replace_profile_values_and_none_keeps_them():
+    cfg = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=1, lr=1e-4)
+    budget = cfg.resolved()
+    assert budget.lr == 1e-4
+    assert budget.steps == PROFILES["default"].steps
+
+
+def test_all_problems_are_reported_at_once_with_file_and_field():
+    bad = {"stand_in": "tiny-70b", "precision": "fp4", "seed": 0, "lr": -1, "colour": "red"}
+    with pytest.raises(ValidationFailed) as err:
+        SimTrialConfig.from_mapping(bad, file="sweeps/main-figure.yaml")
+    fields = {p.field for p in err.value.problems}
+    assert {"stand_in", "precision", "lr", "colour"} <= fields
+    assert all(p.file == "sweeps/main-figure.yaml" for p in err.value.problems)
+    assert isinstance(err.value, ConfigError)
+
+
+def test_minibatches_must_split_the_rollout_batch():
+    with pytest.raises(ValidationFailed, match="not divisible"):
+        SimTrialConfig.from_mapping(
+            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "minibatches": 7}
+        )

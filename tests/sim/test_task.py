@@ -1,0 +1,62 @@
+"""The synthetic task: vocabulary, rule-based reward, held-out split, warm-start data."""
+
+from __future__ import annotations
+
+import torch
+
+from pdmask.backends.sim.task import DEFAULT_TASK, EOS, FIRST_DIGIT_TOKEN, PAD
+
+
+def test_vocabulary_is_wide_enough_for_a_real_top20_truncation():
+    assert DEFAULT_TASK.vocab_size >= 1000
+    probs = DEFAULT_TASK.synonym_probs()
+    assert abs(float(probs.sum()) - 1) < 1e-6
+    assert float(probs[:20].sum()) < 0.8  # even a sure digit leaves > 20% outside the top 20
+
+
+def test_correct_demonstrations_score_one_in_any_surface_form():
+    g = torch.Generator().manual_seed(0)
+    a, b = DEFAULT_TASK.sample_train(64, g)
+    responses = DEFAULT_TASK.demonstrations(a, b, g)
+    assert responses.shape == (64, DEFAULT_TASK.response_len)
+    assert torch.equal(DEFAULT_TASK.score(a, b, responses), torch.ones(64))
+    assert len(set(responses[:, :-1].flatten().tolist())) > 30  # many synonyms in use
+
+
+def test_wrong_digit_missing_eos_or_truncation_scores_zero():
+    a, b = torch.tensor([47, 99]), torch.tensor([58, 1])  # 105 and 100
+    good = torch.tensor([[5 + 5, 5 + 0, 5 + 1, EOS], [5 + 0, 5 + 0, 5 + 1, EOS]])
+    assert DEFAULT_TASK.score(a, b, good).tolist() == [1.0, 1.0]
+    wrong_digit = good.clone()
+    wrong_digit[0, 1] = FIRST_DIGIT_TOKEN + 10 + 3  # a synonym of 3, not 0
+    no_eos = good.clone()
+    no_eos[:, -1] = PAD
+    assert DEFAULT_TASK.score(a, b, wrong_digit).tolist() == [0.0, 1.0]
+    assert DEFAULT_TASK.score(a, b, no_eos).tolist() == [0.0, 0.0]
+    assert DEFAULT_TASK.score(a, b, good[:, :2]).tolist() == [0.0, 0.0]
+
+
+def test_noisy_demonstrations_randomise_digits_at_the_given_rate():
+    g = torch.Generator().manual_seed(1)
+    a, b = DEFAULT_TASK.sample_train(2000, g)
+    noisy = DEFAULT_TASK.demonstrations(a, b, g, noise=0.4)
+    wrong = DEFAULT_TASK.token_class(noisy[:, :-1]) != DEFAULT_TASK.answer(a, b)
+    assert 0.3 < float(wrong.float().mean()) < 0.42  # 0.4 * 9/10 = 0.36 expected
+
+
+def test_evaluation_problems_are_held_out_from_training():
+    ea, eb = DEFAULT_TASK.eval_problems(50)
+    held_out = set(zip(ea.tolist(), eb.tolist(), strict=True))
+    g = torch.Generator().manual_seed(2)
+    ta, tb = DEFAULT_TASK.sample_train(20_000, g)
+    assert held_out.isdisjoint(zip(ta.tolist(), tb.tolist(), strict=True))
+    again = DEFAULT_TASK.eval_problems(50)
+    assert torch.equal(again[0], ea) and torch.equal(again[1], eb)
+
+
+def test_likeliest_class_pools_synonyms():
+    probs = torch.zeros(DEFAULT_TASK.vocab_size)
+    sevens = FIRST_DIGIT_TOKEN + 10 * torch.arange(10) + 7
+    probs[sevens] = 0.06  # 0.6 spread over ten synonyms of 7
+    probs[FIRST_DIGIT_TOKEN + 3] = 0.4  # the single likeliest token is a 3
+    assert int(DEFAULT_TASK.likeliest_class(probs)) == 7
