@@ -26,18 +26,23 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
-from pdmask.backends.verl.jobs import job_spec, submission_id, trial_overrides
+from pdmask.backends.verl.jobs import job_spec, submission_id, trial_resources
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.cli._output import table
-from pdmask.errors import ConfigError, Problem, ValidationFailed
+from pdmask.errors import ConfigError
+from pdmask.orchestration.ray_jobs_checks import (
+    build_all,
+    check_data,
+    check_fit,
+    poll_seconds,
+    warn_about_store,
+)
 from pdmask.orchestration.ray_jobs_cluster import JobCluster, JobView
 from pdmask.registry import Trial
 from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
 from pdmask.tracking.runs import with_retry
 
-POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
 FINISHED_BY_TAG = "pdm.finished_by"
 
 
@@ -73,16 +78,25 @@ def run_job_sweep(
         )
     cluster_name = getattr(args, "cluster", None) or sweep.cluster
     settings = JobSettings.from_env()
-    jobs = _build_all(sweep, trials, cluster_name, settings)  # raises before anything launches
-    _check_data(settings)
-    _warn_about_store(uri, address, console)
+    overrides = build_all(sweep, trials, cluster_name, settings)  # raises before anything launches
+    jobs = [
+        TrialJob(
+            t,
+            overrides[t.trial_hash],
+            trial_resources(t, cluster_name)["gpus"],
+            tries_left=1 + sweep.retries,
+        )
+        for t in trials
+    ]
+    check_data(settings)
+    warn_about_store(uri, address, console)
 
     cluster = JobCluster(address)
     try:
         node_gpus = cluster.node_gpus()
     except ConnectionError as err:
         raise ConfigError(f"--address {address}: {err}") from None
-    _check_fit(jobs, node_gpus, cluster_name)
+    check_fit(trials, node_gpus, cluster_name)
     done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
     todo = [j for j in jobs if j.trial.trial_hash not in done]
     console.print(
@@ -173,7 +187,7 @@ class JobRunner:
 
     # ------------------------------------------------------------ main loop
     def run(self, todo: list[TrialJob]) -> None:
-        poll = _poll_seconds()
+        poll = poll_seconds()
         while any(j.state in ("queued", "active") for j in todo):
             for job in todo:
                 if job.state == "active":
@@ -322,83 +336,6 @@ class JobRunner:
         else:
             job.state = "failed"
             self.console.print(f"FAILED {job.sid}: {last[:160]} -- no retries left")
-
-
-# ---------------------------------------------------------------- checks before launching
-def _poll_seconds() -> float:
-    raw = os.environ.get("PDM_JOB_POLL_SECONDS", str(POLL_SECONDS))
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise ConfigError(f"PDM_JOB_POLL_SECONDS must be a positive number of seconds, got {raw!r}")
-    return value
-
-
-def _build_all(
-    sweep, trials: list[Trial], cluster_name: str, settings: JobSettings
-) -> list[TrialJob]:
-    from pdmask.backends.verl.jobs import trial_resources
-
-    jobs, problems = [], []
-    for trial in trials:
-        try:
-            overrides = trial_overrides(trial, sweep, cluster_name, settings)
-        except ValidationFailed as err:
-            problems.extend(err.problems)
-            continue
-        gpus = trial_resources(trial, cluster_name)["gpus"]
-        jobs.append(TrialJob(trial, overrides, gpus, tries_left=1 + sweep.retries))
-    if problems:
-        raise ValidationFailed(problems)
-    return jobs
-
-
-def _check_data(settings: JobSettings) -> None:
-    """Without PDM_DATA_DIR the data must be where `pdm data prepare` wrote it, here."""
-    if settings.data_dir is not None:
-        return  # a path on the nodes: only they can check it
-    from pdmask.backends.verl.data import prepared_files
-
-    files = prepared_files()
-    missing = [str(files[k]) for k in ("train", "val") if not files[k].exists()]
-    if missing:
-        raise ConfigError(
-            f"no prepared data at {', '.join(missing)}: run `pdm data prepare --dapo ... --aime24 "
-            "... --aime25 ...` first, or set PDM_DATA_DIR to the folder where the nodes find the files"
-        )
-
-
-def _check_fit(jobs: list[TrialJob], node_gpus: list[float], cluster_name: str) -> None:
-    """Every trial must fit the cluster's nodes, or it would wait forever."""
-    from pdmask.backends.verl.jobs import trial_resources
-
-    problems = []
-    for job in jobs:
-        res = trial_resources(job.trial, cluster_name)
-        nodes_fitting = sum(1 for g in node_gpus if g >= res["gpus_per_node"])
-        if nodes_fitting < res["nodes"]:
-            problems.append(
-                Problem(
-                    f"trial {job.trial.run_name()} ({job.trial.trial_hash})",
-                    "--cluster",
-                    f"needs {res['nodes']} node(s) with {res['gpus_per_node']} GPUs ({cluster_name}); "
-                    f"the cluster's alive nodes have GPUs {sorted(node_gpus, reverse=True) or 'none'}",
-                )
-            )
-    if problems:
-        raise ValidationFailed(problems)
-
-
-def _warn_about_store(uri: str, address: str, console) -> None:
-    host = urlparse(address if "://" in address else f"http://{address}").hostname or ""
-    if uri.startswith("sqlite:") and host not in ("127.0.0.1", "localhost", "::1"):
-        console.print(
-            f"[yellow]tracking store {uri} is a local file: the nodes must see it at the same path "
-            "(shared filesystem); otherwise start an MLflow server the nodes can reach and pass "
-            "--tracking-uri http://HOST:5000[/yellow]"
-        )
 
 
 def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> None:
