@@ -61,8 +61,15 @@ def load_cached(folder: Path, seed: int, config_hash: str) -> dict | None:
     return record if record.get("config_hash") == config_hash else None
 
 
-def _init_worker() -> None:
+def _init_worker(ignore_interrupt: bool = True) -> None:
+    """One torch thread, deterministic kernels; Ctrl-C is the parent's to handle (it terminates
+    the pool), so a worker does not print a traceback of its own."""
+    import signal
+
     import torch
+
+    if ignore_interrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -113,7 +120,7 @@ def _analyse_seeds(cfg, setting, todo, config_hash, folder, jobs, progress) -> l
         threads = torch.get_num_threads()
         deterministic = torch.are_deterministic_algorithms_enabled()
         try:
-            _init_worker()
+            _init_worker(ignore_interrupt=False)
             for job in jobs_args:
                 report(_run_seed(job))
         finally:
@@ -169,7 +176,12 @@ def run_token_analysis(
     )
     base = _prepare_base_model(setting, progress)
     if todo:
-        records += _analyse_seeds(cfg, setting, todo, config_hash, folder, jobs, progress)
+        try:
+            records += _analyse_seeds(cfg, setting, todo, config_hash, folder, jobs, progress)
+        except KeyboardInterrupt:
+            done = sum(load_cached(folder, s, config_hash) is not None for s in cfg.seed_list)
+            progress(f"interrupted: {done} of {len(cfg.seed_list)} seeds cached; rerun to resume")
+            raise
     from pdmask.analysis.outputs import write_outputs
 
     meta = {
