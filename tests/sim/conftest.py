@@ -14,7 +14,7 @@ def sim_cache(tmp_path_factory) -> str:
     return str(tmp_path_factory.mktemp("sim-cache"))
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def smoke_config(sim_cache):
     """``smoke_config(**overrides)``: a smoke-profile trial config using the session cache."""
 
@@ -32,7 +32,7 @@ def smoke_config(sim_cache):
     return make
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def learned_base_config(sim_cache):
     """Smoke-sized RL (2 steps) from the real tiny-4b base model: low but non-zero accuracy, so
     there is a learning signal. Its warm start runs once per session (about 25 s on one core)."""

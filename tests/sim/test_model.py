@@ -57,5 +57,7 @@ def test_each_token_uses_exactly_k_experts():
     for i in range(5):
         top = scores[i].topk(2)
         gates = top.values.softmax(-1)
-        expected = sum(g * moe.experts[int(e)](x[i : i + 1]) for g, e in zip(gates, top.indices))
+        expected = sum(
+            g * moe.experts[int(e)](x[i : i + 1]) for g, e in zip(gates, top.indices, strict=True)
+        )
         assert torch.allclose(out[i : i + 1], expected, atol=1e-6)

@@ -10,15 +10,12 @@ from pdmask.backends.sim.task import EOS
 
 
 @pytest.fixture(scope="module")
-def setups(sim_cache) -> dict:
-    """One analysis setup (base model + rollout batch) per precision setting."""
-    out = {}
-    for precision in ("bf16", "fp8-rollout", "fp8-e2e"):
-        cfg = SimTrialConfig(
-            stand_in="tiny-4b", precision=precision, profile="smoke", seed=0, cache_dir=sim_cache
-        )
-        out[precision] = build_analysis_setup(cfg)
-    return out
+def setups(learned_base_config) -> dict:
+    """One analysis setup (the real tiny-4b base model + a rollout batch) per precision."""
+    return {
+        precision: build_analysis_setup(learned_base_config(precision=precision))
+        for precision in ("bf16", "fp8-rollout", "fp8-e2e")
+    }
 
 
 def test_topk_view_is_a_consistent_truncation_of_the_behaviour_distribution(setups):
@@ -57,8 +54,8 @@ def test_mismatch_is_positive_and_larger_in_fp8_than_bf16(setups):
         exact = float(setup.exact(logits).kl[setup.valid].mean())
         assert exact >= kl[precision] - 1e-7  # the top-K KL is a lower bound of the full KL
     assert kl["bf16"] > 0
-    assert kl["fp8-rollout"] > 3 * kl["bf16"]
-    assert kl["fp8-e2e"] > 3 * kl["bf16"]
+    assert kl["fp8-rollout"] > 5 * kl["bf16"]  # measured: about 30x
+    assert kl["fp8-e2e"] > 5 * kl["bf16"]
 
 
 def test_rollouts_are_deterministic_given_the_seed(sim_cache):

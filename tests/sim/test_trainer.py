@@ -75,7 +75,7 @@ def test_same_seed_same_trial_other_seed_other_trial(smoke_config, tmp_path):
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_every_method_trains(method, learned_base_config, tmp_path):
-    from pdmask.backends.sim.trainer import TrialState
+    from pdmask.backends.sim.state import TrialState
 
     cfg = learned_base_config()
     before = [p.detach().clone() for p in TrialState(cfg).trainer.parameters()]

@@ -27,8 +27,8 @@ from pdmask.backends.sim.grpo import (
 )
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.runtime import single_threaded
+from pdmask.backends.sim.state import TrialState, step_generator
 from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
-from pdmask.backends.sim.trainer import TrialState, step_generator
 from pdmask.trust_region import TokenStats, aggregate_loss, per_token_loss
 
 

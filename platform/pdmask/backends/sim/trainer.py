@@ -17,14 +17,12 @@ from a checkpoint continues exactly as if it had never stopped.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from pdmask.backends.sim.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from pdmask.backends.sim.config import SimTrialConfig
 from pdmask.backends.sim.evaluation import EVAL_METRIC, evaluate_avg_at_k
 from pdmask.backends.sim.grpo import (
@@ -34,74 +32,16 @@ from pdmask.backends.sim.grpo import (
     token_stats,
     trainer_logits,
 )
-from pdmask.backends.sim.model import TinyDecoder
-from pdmask.backends.sim.precision import configure_trainer, make_behaviour, sync_behaviour
+from pdmask.backends.sim.precision import sync_behaviour
 from pdmask.backends.sim.runtime import single_threaded
+from pdmask.backends.sim.state import TrialState, step_generator
 from pdmask.backends.sim.task import DEFAULT_TASK
-from pdmask.backends.sim.warmstart import load_base_model, prepare_base_model
 from pdmask.errors import TrialFailed
 from pdmask.trust_region import TokenStats, aggregate_loss, diagnostics, per_token_loss
 
 MaskFn = Callable[[TokenStats, torch.Tensor], torch.Tensor]
 Reporter = Callable[[int, dict[str, float]], None]
 SIGN_MATCH = {"agg": "ddot_agg", "uni": "ddot_uni", "bucket": "ddot_bucket"}
-
-
-def step_generator(seed: int, step: int, purpose: str) -> torch.Generator:
-    """A generator for one purpose at one step, independent of everything that ran before."""
-    digest = hashlib.sha256(f"{seed}/{step}/{purpose}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
-
-
-class TrialState:
-    """Trainer, behaviour copy and optimizer of a trial, fresh from the base model or resumed."""
-
-    def __init__(self, cfg: SimTrialConfig):
-        self.cfg = cfg
-        budget = cfg.resolved()
-        base = prepare_base_model(
-            cfg.stand_in, cache_dir=cfg.cache_dir, quick=budget.base_model == "quick"
-        )
-        torch.manual_seed(cfg.seed)
-        self.trainer: TinyDecoder = configure_trainer(
-            load_base_model(base, cfg.stand_in_spec), cfg.precision
-        )
-        self.behaviour = make_behaviour(self.trainer, cfg.precision)
-        sync_behaviour(self.trainer, self.behaviour, cfg.precision, cfg.fp8_scaling)
-        self.optimizer = torch.optim.AdamW(
-            self.trainer.parameters(), lr=budget.lr, weight_decay=cfg.weight_decay
-        )
-        self.step = 0
-        self.base_accuracy: float | None = None
-        self.last_metrics: dict[str, float] = {}
-
-    def identity(self) -> dict:
-        return self.cfg.model_dump(exclude={"cache_dir"})
-
-    def models(self) -> dict:
-        return {"trainer": self.trainer, "behaviour": self.behaviour, "optimizer": self.optimizer}
-
-    def save(self, workdir: Path) -> None:
-        save_checkpoint(
-            workdir,
-            step=self.step,
-            identity=self.identity(),
-            models=self.models(),
-            base_accuracy=self.base_accuracy,
-            last_metrics=self.last_metrics,
-        )
-
-    def resume(self, workdir: Path) -> bool:
-        payload = load_checkpoint(workdir, self.identity())
-        if payload is None:
-            return False
-        for name, obj in self.models().items():
-            obj.load_state_dict(payload["state"][name])
-        restore_rng_states(payload["rng"])
-        self.step = payload["step"]
-        self.base_accuracy = payload["base_accuracy"]
-        self.last_metrics = payload["last_metrics"]
-        return True
 
 
 def evaluate(state: TrialState, step: int) -> float:
