@@ -42,3 +42,10 @@ def test_minibatches_must_split_the_rollout_batch():
         SimTrialConfig.from_mapping(
             {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "minibatches": 7}
         )
+
+
+def test_evaluation_cannot_ask_for_more_problems_than_are_held_out():
+    with pytest.raises(ValidationFailed, match="held-out problems"):
+        SimTrialConfig.from_mapping(
+            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "eval_problems": 10_000}
+        )

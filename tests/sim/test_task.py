@@ -47,6 +47,7 @@ def test_noisy_demonstrations_randomise_digits_at_the_given_rate():
 def test_evaluation_problems_are_held_out_from_training():
     ea, eb = DEFAULT_TASK.eval_problems(50)
     held_out = set(zip(ea.tolist(), eb.tolist(), strict=True))
+    assert len(held_out) == 50  # distinct problems
     g = torch.Generator().manual_seed(2)
     ta, tb = DEFAULT_TASK.sample_train(20_000, g)
     assert held_out.isdisjoint(zip(ta.tolist(), tb.tolist(), strict=True))

@@ -28,7 +28,7 @@ PER_STEP = [
     "actor/grad_norm",
     "perf/tokens_per_s",
 ]
-TIMING = {"perf/tokens_per_s", "sim/wall_s"}
+TIMING = {"perf/tokens_per_s", "sim/wall_s"}  # wall-clock: varies run to run
 
 
 def mask_of(method: str, delta: float = 0.15):

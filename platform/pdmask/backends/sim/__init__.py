@@ -1,25 +1,32 @@
 """``sim``: the embedded CPU training backend (real GRPO on a small transformer, no GPU needed).
 
 A small decoder-only transformer per model stand-in (``STAND_INS``) learns a verifiable synthetic
-task (multi-digit addition with many surface forms per digit, ``task.py``): a short supervised warm
-start makes its base model (``prepare_base_model``, cached and locked), then GRPO trains it with
-the recipe's trust-region mask through the same math API the VeRL backend uses. A behaviour copy
-in bf16 or FP8 (``precision.py``) does the rollouts and exposes only its top-20 log-probs, as vLLM
-would; stale minibatch updates add the policy lag. Budgets come from ``PROFILES``.
+task, two-digit addition whose digits each have ~100 interchangeable tokens (logits 1,025 wide, so
+the behaviour's top-20 view is a real truncation). A supervised warm start makes each stand-in's
+base model (``prepare_base_model``: cached per stand-in, built once under a file lock; avg@16 about
+0.1-0.2). GRPO then trains it with the recipe's mask through the same math API the VeRL backend
+uses. A behaviour copy in bf16 or FP8 does the rollouts and exposes only its top-20 log-probs and
+the sampled token's log-prob, as vLLM would; stale minibatch updates add the policy lag.
 
 Contract (the sweep runner and the registry call this):
 
 - ``train_trial(cfg, *, mask_fn, reporter, workdir, should_stop)`` runs one trial, deterministic
   given ``cfg.seed`` on one machine, single-threaded. ``mask_fn(stats, advantages) -> bool`` is the
   recipe's mask (True = gradient zeroed). ``reporter(step, metrics)`` is called at step 0 (the base
-  model's evaluation) and once per RL step 1..steps; evaluation steps carry
-  ``val-core/synth/acc/mean_at_16``. Checkpoints go to ``workdir`` every ``checkpoint_every`` steps
-  (and at the end, and when ``should_stop()`` turns true); a rerun resumes after the checkpoint's
-  step, so steps after the last checkpoint of a killed run are reported again. Raises
-  ``TrialFailed`` on a non-finite loss. Returns the last step's metrics plus
+  model's evaluation only) and once per RL step 1..steps; evaluation steps (every ``eval_every``
+  and the last) carry ``val-core/synth/acc/mean_at_16``. Checkpoints go to ``workdir`` every
+  ``checkpoint_every`` steps, at the end and when ``should_stop()`` turns true; a rerun resumes
+  after the checkpoint's step (steps between the last checkpoint and a kill are reported again).
+  Raises ``TrialFailed`` on a non-finite loss. Returns the last step's metrics plus
   ``sim/base_acc_mean_at_16``, ``sim/steps_done``, ``sim/stopped``, ``sim/wall_s``.
 - ``build_analysis_setup(cfg, ...)`` gives the token-level analysis a trainer, behaviour copy,
   optimizer and a rollout batch with everything the math API needs.
+
+Modules: ``task`` (problems, reward), ``model`` (the transformer, MoE), ``fp8`` / ``precision``
+(the mismatch settings), ``rollout`` (sampling, top-K view), ``grpo`` (advantages, trainer-side
+statistics), ``warmstart`` (base models), ``state`` / ``checkpoint`` (trial state, resume),
+``trainer`` (the loop), ``evaluation`` (avg@16), ``analysis`` (the building block), ``specs`` /
+``config`` (presets and the trial config), ``runtime`` (one thread, deterministic kernels).
 """
 
 from pdmask.backends.sim.analysis import AnalysisSetup, build_analysis_setup

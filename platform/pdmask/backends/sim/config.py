@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInSpec
+from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.errors import Problem, ValidationFailed
 
 PRECISIONS = ("bf16", "fp8-rollout", "fp8-e2e")
@@ -98,6 +99,11 @@ class SimTrialConfig(BaseModel):
             raise ValueError(
                 f"prompts_per_step * group_size = {sequences} is not divisible by "
                 f"minibatches = {budget.minibatches}"
+            )
+        pool = DEFAULT_TASK.eval_pool()[0].shape[0]
+        if budget.eval_problems > pool:
+            raise ValueError(
+                f"eval_problems = {budget.eval_problems} exceeds the {pool} held-out problems"
             )
         return self
 

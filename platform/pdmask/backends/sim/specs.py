@@ -128,7 +128,7 @@ PROFILES: dict[str, ProfileSpec] = {
         minibatches=4,
         lr=5e-4,
         eval_every=20,
-        eval_problems=256,
+        eval_problems=160,
         checkpoint_every=20,
     ),
 }

@@ -1,8 +1,9 @@
 """The verifiable synthetic task: multi-digit addition with many surface forms per digit.
 
-Prompt ``<bos> a1 a2 a3 + b1 b2 b3 =`` (canonical digit tokens); the response is the ``n+1`` digits of
-``a + b`` (least significant first, so carries flow left to right as the model writes them),
-then ``<eos>``. The reward is rule-based: 1 when the response decodes to exactly that, else 0.
+Prompt ``<bos> a1 a2 + b1 b2 =`` (``n_digits`` = 2 by default; canonical digit tokens); the
+response is the ``n+1`` digits of ``a + b`` (least significant first, so carries flow in writing
+order), then ``<eos>``: a multi-token answer. The reward is rule-based: 1 when the response decodes
+to exactly that, else 0.
 
 Why many surface forms: a real tokenizer has many tokens for one meaning (``5``, `` 5``, ``five``),
 so an LLM's next-token distribution spreads over far more than 20 tokens. Here every digit has
@@ -11,8 +12,8 @@ demonstrations pick them Zipf-distributed. The logits are >= 1,000 wide and the 
 top-20 view is a real truncation (top-20 mass well below 1), while the reward depends only on the
 digits.
 
-Held-out split: a problem ``(a, b)`` belongs to the evaluation pool when a fixed hash puts it there;
-training never samples those problems.
+Held-out split: a problem ``(a, b)`` belongs to the evaluation pool when a fixed hash puts it there
+(about 1 in 61, some 160 problems for two digits); training never samples those problems.
 """
 
 from __future__ import annotations
@@ -74,19 +75,21 @@ class AdditionTask:
             have += int(keep.sum())
         return torch.cat(out_a)[:count], torch.cat(out_b)[:count]
 
-    def eval_problems(self, count: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        """A fixed held-out set (the same for every trial with the same ``seed``)."""
-        generator = torch.Generator().manual_seed(10_007 + seed)
+    def eval_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every held-out problem, in a fixed shuffled order."""
         high = 10**self.n_digits
-        out_a, out_b, have = [], [], 0
-        while have < count:
-            a = torch.randint(0, high, (4 * EVAL_SPLIT_MODULUS * count,), generator=generator)
-            b = torch.randint(0, high, a.shape, generator=generator)
-            keep = self._is_eval(a, b)
-            out_a.append(a[keep])
-            out_b.append(b[keep])
-            have += int(keep.sum())
-        return torch.cat(out_a)[:count], torch.cat(out_b)[:count]
+        a = torch.arange(high).repeat_interleave(high)
+        b = torch.arange(high).repeat(high)
+        keep = self._is_eval(a, b)
+        order = torch.randperm(int(keep.sum()), generator=torch.Generator().manual_seed(10_007))
+        return a[keep][order], b[keep][order]
+
+    def eval_problems(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The first ``count`` distinct held-out problems (the same for every trial)."""
+        a, b = self.eval_pool()
+        if count > a.shape[0]:
+            raise ValueError(f"only {a.shape[0]} held-out problems exist, {count} requested")
+        return a[:count], b[:count]
 
     # ---- encoding -----------------------------------------------------------------------------
     def _digits(self, x: torch.Tensor, width: int) -> torch.Tensor:

@@ -117,6 +117,7 @@ def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
     metrics["actor/pdm/stale_kl_topk"] = per_update[-1]["actor/pdm/kl_topk_mean"]
     metrics["critic/score/mean"] = float(batch.rewards.mean())
     metrics["response_length/mean"] = float(batch.valid.sum(1).float().mean())
+    metrics["perf/total_num_tokens"] = float(batch.num_tokens)
     metrics["perf/tokens_per_s"] = batch.num_tokens / (time.perf_counter() - started)
     return metrics
 
