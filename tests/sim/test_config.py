@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import pytest
 
-from pdmask.backends.sim import PROFILES, STAND_INS, SimTrialConfig
+from pdmask.backends.sim import PRECISIONS, PROFILES, STAND_INS, SimTrialConfig
 from pdmask.errors import ConfigError, ValidationFailed
+from pdmask.trust_region import AGG_MODES
 
 
 def test_presets_cover_the_registry_names():
-    assert set(STAND_INS) == {"tiny-4b", "tiny-8b", "tiny-30b-a3b"}
-    assert set(PROFILES) == {"smoke", "default", "full"}
+    fields = SimTrialConfig.model_fields
+    assert set(STAND_INS) == set(get_args(fields["stand_in"].annotation))
+    assert set(PROFILES) == set(get_args(fields["profile"].annotation))
+    assert set(AGG_MODES) == set(get_args(fields["loss_agg_mode"].annotation))
+    assert PRECISIONS == ("bf16", "fp8-rollout", "fp8-e2e")
     assert PROFILES["smoke"].steps < PROFILES["default"].steps < PROFILES["full"].steps
 
 

@@ -6,7 +6,7 @@ The profile fixes the budget; any knob left ``None`` takes the profile's value (
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -14,11 +14,11 @@ from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInS
 from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.errors import Problem, ValidationFailed
 
-PRECISIONS = ("bf16", "fp8-rollout", "fp8-e2e")
-StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]
+StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]  # = STAND_INS (a test checks)
 PrecisionName = Literal["bf16", "fp8-rollout", "fp8-e2e"]
+PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
 ProfileName = Literal["smoke", "default", "full"]
-LossAggMode = Literal[
+LossAggMode = Literal[  # = pdmask.trust_region.AGG_MODES (a test checks)
     "token-mean",
     "token-sum",
     "seq-mean-token-sum",
