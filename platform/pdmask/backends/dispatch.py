@@ -11,14 +11,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdmask.errors import BackendUnavailable
+from pdmask.errors import BackendUnavailable, ConfigError
 from pdmask.registry import MODELS, Recipe, Trial
 
 Reporter = Callable[[int, dict[str, float]], None]
 
 
 def sim_config(trial: Trial):
-    """The embedded backend's config for a trial (its model's stand-in, the recipe's K and delta)."""
+    """The embedded backend's config for a trial (its model's stand-in, the recipe's K, delta, cap)."""
+    from pydantic import ValidationError
+
     from pdmask.backends.sim import SimTrialConfig
 
     extra: dict[str, Any] = {}
@@ -28,13 +30,18 @@ def sim_config(trial: Trial):
         extra["top_k"] = int(trial.params["topk"])
     if trial.params.get("ratio_cap") is not None:
         extra["ratio_cap"] = float(trial.params["ratio_cap"])
-    return SimTrialConfig(
-        stand_in=MODELS[trial.model].sim_stand_in,
-        precision=trial.precision,
-        profile=trial.profile,
-        seed=trial.seed,
-        **extra,
-    )
+    try:
+        return SimTrialConfig(
+            stand_in=MODELS[trial.model].sim_stand_in,
+            precision=trial.precision,
+            profile=trial.profile,
+            seed=trial.seed,
+            **extra,
+        )
+    except ValidationError as err:  # a configuration problem: fail fast, never retried
+        raise ConfigError(
+            f"trial {trial.run_name()} cannot run on the embedded backend: {err}"
+        ) from None
 
 
 def planned_steps(trial: Trial) -> int | None:

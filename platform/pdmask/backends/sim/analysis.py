@@ -75,7 +75,9 @@ class AnalysisSetup:
         index = self.all_sequences if index is None else index
         stats = self.stats(self.logits(index), index)
         advantages = self.advantages[index]
-        loss_mat = per_token_loss(stats.logp, stats.mu_logp, advantages, mask)
+        loss_mat = per_token_loss(
+            stats.logp, stats.mu_logp, advantages, mask, self.config.ratio_cap
+        )
         loss = aggregate_loss(loss_mat, self.valid[index], self.config.loss_agg_mode)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

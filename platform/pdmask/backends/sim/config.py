@@ -70,6 +70,11 @@ class SimTrialConfig(BaseModel):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the RL phase.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="verl's loss aggregation mode.")
+    ratio_cap: float | None = Field(
+        None,
+        ge=1.0,
+        description="Truncated-IS cap C of the recipe (loss uses min(r, C)); None: no cap.",
+    )
     eval_every: int | None = Field(
         None, gt=0, description="Evaluate every this many steps; None = the profile's."
     )

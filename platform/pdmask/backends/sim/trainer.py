@@ -65,7 +65,7 @@ def _update(
     logits = trainer_logits(state.trainer, batch, index)
     stats = token_stats(logits, batch, index)
     mask = mask_fn(stats, advantages)
-    loss_mat = per_token_loss(stats.logp, stats.mu_logp, advantages, mask)
+    loss_mat = per_token_loss(stats.logp, stats.mu_logp, advantages, mask, cfg.ratio_cap)
     loss = aggregate_loss(loss_mat, valid, cfg.loss_agg_mode)
     if not torch.isfinite(loss.detach()):
         raise TrialFailed(f"non-finite policy loss ({loss.item()}) at step {step}")
