@@ -108,7 +108,10 @@ def _record(seed, ratio, agg, out_of_region=10):
                 for t in ("ratio", "agg", "uni", "bucket", "exact")
             }
         },
-        "isolated": {"tokens": [0], "d_kl": [0.1], "correct": {"ratio": 1}, "disagree": {}},
+        "isolated": {
+            layers: {"tokens": [0], "d_kl": [0.1], "correct": {"ratio": 1}, "disagree": {}}
+            for layers in ("all", "output")
+        },
         "wall_s": 1.0,
     }
 
@@ -131,4 +134,5 @@ def test_summary_pools_tokens_and_compares_seeds():
     assert s["out_of_region_per_seed"] == 10
     assert s["disagree_per_seed"]["agg"] == 2
     assert tests["agg"]["sign_accuracy"] == pytest.approx(0.5)
-    assert s["isolated"]["accuracy"]["ratio"] == pytest.approx(1.0)
+    assert s["isolated"]["all"]["accuracy"]["ratio"] == pytest.approx(1.0)
+    assert s["isolated"]["output"]["tokens"] == 3

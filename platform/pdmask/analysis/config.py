@@ -19,7 +19,7 @@ from pdmask.errors import ConfigError, Problem, ValidationFailed
 
 # Bump when the protocol or the recorded quantities change: cached seeds of older versions are
 # then ignored instead of being mixed into a new table.
-ANALYSIS_VERSION = 1
+ANALYSIS_VERSION = 2
 
 OptimizerName = Literal["adamw", "sgd"]
 

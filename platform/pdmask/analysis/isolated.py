@@ -6,6 +6,12 @@ token's *own* contribution. This check isolates it: for a sample of out-of-regio
 the state, take one small SGD step on that token's loss alone (every other token masked) and see
 whether ``D_t`` moved the way each direction test predicted. It separates "the derivative is wrong"
 from "the token's own gradient is drowned out".
+
+Two variants (``layers``): ``all`` updates the whole network, so the token's logits move along
+``J J^T v`` (the network's kernel couples tokens with similar output embeddings, e.g. synonyms);
+``output`` updates only the output layer with the hidden states fixed, so they move exactly along
+``v = e_k - pi`` (the free-logit step ``Ddot`` is derived for) and ``Ddot_bucket``, the exact
+derivative of the measured top-K KL along ``v``, must call the sign right up to second-order effects.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from pdmask.analysis.quantities import PREDICTIVE, TESTS, TokenQuantities, measu
 from pdmask.analysis.steps import Snapshot, log_pi_of, one_step
 
 ISOLATED_LR = 1e-3  # small, so the step stays in the first-order regime the derivative describes
+LAYERS = ("all", "output")
 
 
 def isolated_checks(
@@ -25,8 +32,12 @@ def isolated_checks(
     delta: float,
     max_tokens: int,
     generator: torch.Generator,
+    layers: str = "all",
+    lr: float = ISOLATED_LR,
 ) -> dict:
     """Per sampled token: its position among the out-of-region tokens and its change of ``D_t``."""
+    params = setup.trainer.parameters() if layers == "all" else setup.trainer.lm_head.parameters()
+    params = list(params)
     positions = q.out_of_region.nonzero()
     if max_tokens == 0 or len(positions) == 0:
         return {"tokens": [], "d_kl": [], "correct": {}, "disagree": {}}
@@ -35,13 +46,13 @@ def isolated_checks(
     d_kls: list[float] = []
     for row, col in positions[picked].tolist():
         sequence = index[row : row + 1]
+        snapshot.restore(setup.trainer, setup.optimizer)
         with torch.no_grad():
             before = measure_tokens(setup, sequence, delta)
             log_pi = log_pi_of(setup, sequence)
         only_this = torch.ones_like(before.valid)
         only_this[0, col] = False
-        snapshot.restore(setup.trainer, setup.optimizer)
-        sgd = torch.optim.SGD(setup.trainer.parameters(), lr=ISOLATED_LR)
+        sgd = torch.optim.SGD(params, lr=lr)
         outcome = one_step(setup, sgd, only_this, sequence, before, log_pi)
         d_kls.append(float(outcome.d_kl[0, col]))
     snapshot.restore(setup.trainer, setup.optimizer)

@@ -23,6 +23,7 @@ TEST_LABELS = {
     "bucket": "Ddot_bucket (pdm-bucket)",
     "exact": "exact full-vocabulary Ddot (oracle)",
 }
+ISOLATED_LABELS = {"all": "single-token SGD step", "output": "single-token output-layer step"}
 Row = tuple[str, str, str, str, float | None, float | None]
 
 
@@ -146,20 +147,13 @@ def table_rows(summary: dict[str, Any]) -> list[Row]:
                     ),
                 ]
         rows.append(("steps", "learning rate (mean over seeds)", opt, "", None, data["lr_mean"]))
-    iso = summary["isolated"]
-    for test, acc in iso["accuracy"].items():
-        rows.append(("isolated", "sign accuracy, single-token SGD step", "sgd", test, None, acc))
-    for test, acc in iso["accuracy_disagree"].items():
-        rows.append(
-            (
-                "isolated",
-                "sign accuracy on disagreeing tokens, single-token step",
-                "sgd",
-                test,
-                None,
-                acc,
-            )
-        )
+    for layers, iso in summary["isolated"].items():
+        label = ISOLATED_LABELS[layers]
+        for test, acc in iso["accuracy"].items():
+            rows.append(("isolated", f"sign accuracy, {label}", "sgd", test, None, acc))
+        for test, acc in iso["accuracy_disagree"].items():
+            quantity = f"sign accuracy on disagreeing tokens, {label}"
+            rows.append(("isolated", quantity, "sgd", test, None, acc))
     return rows
 
 
@@ -315,19 +309,26 @@ def markdown_report(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     lines += [
         "## Isolated single-token steps (the derivative without cross-token effects)",
         "",
-        f"{iso['tokens']} sampled out-of-region tokens, one small SGD step on each token's own "
-        "loss: how often each test predicted the sign of the change of D_t.",
+        f"{iso['all']['tokens']} sampled out-of-region tokens; for each, one small SGD step on that "
+        "token's loss alone, from the saved state: how often each test predicted the sign of the "
+        "change of D_t. Whole network: the logits move along the network's kernel applied to "
+        "v = e_k - pi. Output layer only: they move exactly along v, the step Ddot describes "
+        "(Ddot_bucket is the exact derivative of the measured D_t there).",
         "",
-        "| direction test | sign accuracy | on disagreeing tokens (n) |",
-        "|---|---:|---:|",
+        "| direction test | whole network | disagreeing (n) | output layer only | disagreeing (n) |",
+        "|---|---:|---:|---:|---:|",
     ]
-    for test, acc in iso["accuracy"].items():
-        dis = (
-            f"{_pct(iso['accuracy_disagree'][test])} ({iso['disagree_tokens'][test]})"
-            if test in iso["accuracy_disagree"]
-            else "–"
-        )
-        lines.append(f"| {TEST_LABELS[test]} | {_pct(acc)} | {dis} |")
+    for test in iso["all"]["accuracy"]:
+        cells = []
+        for layers in ("all", "output"):
+            variant = iso[layers]
+            cells.append(_pct(variant["accuracy"][test]))
+            cells.append(
+                f"{_pct(variant['accuracy_disagree'][test])} ({variant['disagree_tokens'][test]})"
+                if test in variant["accuracy_disagree"]
+                else "–"
+            )
+        lines.append(f"| {TEST_LABELS[test]} | " + " | ".join(cells) + " |")
     lines += [
         "",
         f"Mean reward of the analysed rollouts {summary['reward_mean']:.3f}; "

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from pdmask.analysis.config import TokenAnalysisConfig
-from pdmask.analysis.isolated import isolated_checks
+from pdmask.analysis.isolated import LAYERS, isolated_checks
 from pdmask.analysis.outcomes import count_outcomes
 from pdmask.analysis.quantities import KEEP_ALL, PREDICTIVE, TESTS, measure_tokens
 from pdmask.analysis.setting import TrainingSetting
@@ -40,14 +40,18 @@ def analyse_seed(cfg: TokenAnalysisConfig, setting: TrainingSetting, seed: int) 
     state = reach_analysis_state(setting, cfg, seed)
     q = measure_tokens(state.setup, state.index, setting.delta)
     outcomes, rates = run_test_steps(state.setup, state.index, q, cfg.optimizers, cfg.sgd_lr)
-    isolated = isolated_checks(
-        state.setup,
-        state.index,
-        q,
-        setting.delta,
-        cfg.isolated_tokens,
-        torch.Generator().manual_seed(seed),
-    )
+    isolated = {
+        layers: isolated_checks(
+            state.setup,
+            state.index,
+            q,
+            setting.delta,
+            cfg.isolated_tokens,
+            torch.Generator().manual_seed(seed),  # the same tokens for both variants
+            layers,
+        )
+        for layers in LAYERS
+    }
     oor, tol = q.out_of_region, cfg.tie_tol
     record: dict[str, Any] = {
         "seed": seed,

@@ -60,6 +60,9 @@ def _remeasure(setup, index, before: TokenQuantities, log_pi_before) -> StepOutc
 
 def one_step(setup, optimizer, mask, index, before, log_pi_before) -> StepOutcome:
     """One update with ``optimizer`` and ``mask`` on ``index``, then re-measure."""
+    # The update clears only the optimizer's own gradients, but clips by the norm over every
+    # parameter: stale gradients of parameters it does not step would shrink this step.
+    setup.trainer.zero_grad(set_to_none=True)
     guarded_update(dataclasses.replace(setup, optimizer=optimizer), mask, index)
     return _remeasure(setup, index, before, log_pi_before)
 

@@ -11,6 +11,7 @@ import math
 import statistics
 from typing import Any
 
+from pdmask.analysis.isolated import LAYERS
 from pdmask.analysis.outcomes import paired_comparison, rate
 from pdmask.analysis.quantities import KEEP_ALL, PREDICTIVE, TESTS
 
@@ -97,14 +98,23 @@ def summarize(records: list[dict]) -> dict[str, Any]:
 
 
 def _isolated(records: list[dict]) -> dict[str, Any]:
-    sampled = sum(len(r["isolated"]["tokens"]) for r in records)
-    out: dict[str, Any] = {"tokens": sampled, "accuracy": {}, "accuracy_disagree": {}}
-    for test in TESTS:
-        correct = sum(r["isolated"]["correct"].get(test, 0) for r in records)
-        out["accuracy"][test] = rate(correct, sampled)
-    for test in PREDICTIVE:
-        out["accuracy_disagree"][test] = _pooled_accuracy(records, ("isolated", "disagree", test))
-        out.setdefault("disagree_tokens", {})[test] = sum(
-            r["isolated"]["disagree"].get(test, {}).get("total", 0) for r in records
-        )
+    """Pooled sign accuracies of the single-token steps, per variant (whole network, output)."""
+    out: dict[str, Any] = {}
+    for layers in LAYERS:
+        runs = [r["isolated"][layers] for r in records]
+        sampled = sum(len(run["tokens"]) for run in runs)
+        variant: dict[str, Any] = {"tokens": sampled, "accuracy": {}, "accuracy_disagree": {}}
+        for test in TESTS:
+            variant["accuracy"][test] = rate(
+                sum(run["correct"].get(test, 0) for run in runs), sampled
+            )
+        variant["disagree_tokens"] = {}
+        for test in PREDICTIVE:
+            cells = [run["disagree"].get(test, {}) for run in runs]
+            total = sum(c.get("total", 0) for c in cells)
+            variant["accuracy_disagree"][test] = rate(
+                sum(c.get("correct", 0) for c in cells), total
+            )
+            variant["disagree_tokens"][test] = total
+        out[layers] = variant
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
+from pdmask.analysis.isolated import LAYERS
 from pdmask.analysis.summary import STEP_TESTS, seed_rates
 
 SEED_COLUMNS = [
@@ -50,15 +51,19 @@ def write_tokens_csv(records: list[dict], path: Path) -> None:
         (opt, test) for opt in (records[0]["outcomes"] if records else {}) for test in STEP_TESTS
     ]
     header = ["seed", "token", *TOKEN_VALUES]
-    header += [f"d_kl_{opt}_{test}" for opt, test in steps] + ["d_kl_isolated_sgd"]
+    header += [f"d_kl_{opt}_{test}" for opt, test in steps]
+    header += [f"d_kl_isolated_{layers}" for layers in LAYERS]
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(header)
         for r in records:
             tokens = r["tokens_oor"]
-            isolated = dict(zip(r["isolated"]["tokens"], r["isolated"]["d_kl"], strict=True))
+            isolated = {
+                layers: dict(zip(run["tokens"], run["d_kl"], strict=True))
+                for layers, run in r["isolated"].items()
+            }
             for i in range(len(tokens["kl_topk"])):
                 row = [r["seed"], i, *(tokens[k][i] for k in TOKEN_VALUES)]
                 row += [tokens["d_kl"][opt][test][i] for opt, test in steps]
-                row.append(isolated.get(i, ""))
+                row += [isolated[layers].get(i, "") for layers in LAYERS]
                 writer.writerow(row)

@@ -39,8 +39,9 @@ def pooled_metrics(summary: dict[str, Any]) -> dict[str, float]:
             if "vs_ratio" in t:
                 out[f"analysis/{opt}/seeds_favouring/{test}"] = t["vs_ratio"]["seeds_favouring"]
                 out[f"analysis/{opt}/sign_test_p/{test}"] = t["vs_ratio"]["sign_test_p"]
-    for test, acc in summary["isolated"]["accuracy"].items():
-        out[f"analysis/isolated/sign_accuracy/{test}"] = acc
+    for layers, variant in summary["isolated"].items():
+        for test, acc in variant["accuracy"].items():
+            out[f"analysis/isolated/{layers}/sign_accuracy/{test}"] = acc
     return {k: float(v) for k, v in out.items() if not math.isnan(float(v))}
 
 
