@@ -61,8 +61,9 @@ def paired_plot(summary: dict[str, Any], path: Path, *, estimator: str = "agg") 
         right.axhline(0, color="black", lw=0.8)
         cmp = tests[estimator]["vs_ratio"]
         right.set_title(
-            f"{opt}: {estimator} − ratio per seed; {cmp['seeds_favouring']} of "
-            f"{cmp['seeds_compared']} favour {estimator}, sign test p = {cmp['sign_test_p']:.3g}",
+            f"{opt}: {estimator} − ratio per seed\n{cmp['seeds_favouring']} of "
+            f"{cmp['seeds_compared']} seeds favour {estimator}, {cmp['seeds_tied']} tied; "
+            f"sign test p = {cmp['sign_test_p']:.3g}",
             fontsize=9,
         )
         right.set_xlabel("seeds, sorted")

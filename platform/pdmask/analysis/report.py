@@ -208,7 +208,8 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         "seeds favouring the divergence test (agg)",
         f"{paper.SEEDS_FAVOURING_DIVERGENCE} of {paper.SEEDS}",
         [
-            f"{t[o]['agg']['vs_ratio']['seeds_favouring']} of {summary['seeds']} "
+            f"{t[o]['agg']['vs_ratio']['seeds_favouring']} of "
+            f"{t[o]['agg']['vs_ratio']['seeds_compared']} compared "
             f"({t[o]['agg']['vs_ratio']['seeds_tied']} tied)"
             for o in opts
         ],
