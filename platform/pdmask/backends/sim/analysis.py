@@ -20,7 +20,6 @@ from pdmask.backends.sim.config import SimTrialConfig
 from pdmask.backends.sim.grpo import (
     ExactReference,
     RolloutBatch,
-    collect_rollout,
     exact_reference,
     token_stats,
     trainer_logits,
@@ -112,15 +111,7 @@ def _build(cfg, workdir, stale_updates, batch_seed) -> AnalysisSetup:
     budget = cfg.resolved()
     generator = step_generator(cfg.seed, state.step + 1, f"analysis/{batch_seed}")
     state.trainer.train()
-    batch = collect_rollout(
-        state.behaviour,
-        DEFAULT_TASK,
-        prompts=budget.prompts_per_step,
-        group_size=budget.group_size,
-        generator=generator,
-        top_k=cfg.top_k,
-        keep_full=True,
-    )
+    batch = state.rollout(generator)
     setup = AnalysisSetup(
         cfg, DEFAULT_TASK, state.trainer, state.behaviour, state.optimizer, batch, state.step
     )

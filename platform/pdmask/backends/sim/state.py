@@ -13,8 +13,10 @@ import torch
 
 from pdmask.backends.sim.checkpoint import load_checkpoint, restore_rng_states, save_checkpoint
 from pdmask.backends.sim.config import SimTrialConfig
+from pdmask.backends.sim.grpo import RolloutBatch, collect_rollout
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.precision import configure_trainer, make_behaviour, sync_behaviour
+from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.backends.sim.warmstart import load_base_model, prepare_base_model
 
 
@@ -45,6 +47,19 @@ class TrialState:
         self.step = 0
         self.base_accuracy: float | None = None
         self.last_metrics: dict[str, float] = {}
+
+    def rollout(self, generator: torch.Generator) -> RolloutBatch:
+        """One step's rollout by the behaviour copy (full behaviour distribution kept)."""
+        budget = self.cfg.resolved()
+        return collect_rollout(
+            self.behaviour,
+            DEFAULT_TASK,
+            prompts=budget.prompts_per_step,
+            group_size=budget.group_size,
+            generator=generator,
+            top_k=self.cfg.top_k,
+            keep_full=True,
+        )
 
     def identity(self) -> dict:
         return self.cfg.model_dump(exclude={"cache_dir"})

@@ -27,7 +27,6 @@ from pdmask.backends.sim.config import SimTrialConfig
 from pdmask.backends.sim.evaluation import EVAL_METRIC, evaluate_avg_at_k
 from pdmask.backends.sim.grpo import (
     RolloutBatch,
-    collect_rollout,
     exact_reference,
     token_stats,
     trainer_logits,
@@ -95,15 +94,7 @@ def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
     started = time.perf_counter()
     generator = step_generator(cfg.seed, step, "rollout")
     state.trainer.train()
-    batch = collect_rollout(
-        state.behaviour,
-        DEFAULT_TASK,
-        prompts=budget.prompts_per_step,
-        group_size=budget.group_size,
-        generator=generator,
-        top_k=cfg.top_k,
-        keep_full=True,
-    )
+    batch = state.rollout(generator)
     order = torch.randperm(batch.size, generator=generator)
     per_update = [
         _update(state, batch, index, mask_fn, step) for index in order.chunk(budget.minibatches)
