@@ -25,6 +25,7 @@ from pdmask.tracking import (
     provenance_tags,
     resolve_tracking_uri,
     runs_by_hash,
+    sanitize_metric,
 )
 
 EVAL_METRIC = "val-core/synth/acc/mean_at_16"
@@ -98,9 +99,7 @@ def execute(
     from pdmask.orchestration.progress import SweepProgress
     from pdmask.orchestration.trainable import run_trial
 
-    done = TrialStatusIndex(
-        {h: r for h, r in runs_by_hash(client, experiment_id).items()}
-    ).finished_hashes()
+    done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
     if sweep.search is not None:
         todo_count = max(sweep.search.budget - len(done), 0)
         todo = trials[:1] if todo_count else []
@@ -128,7 +127,7 @@ def execute(
     names = {t.trial_hash: t.run_name() for t in todo}
     if sweep.search is not None:
         space, searcher = _search_space(sweep, client, experiment_id)
-        static["objective"] = sweep.search.metric
+        static["objective"] = sanitize_metric(sweep.search.metric)  # as logged
         param_space = {"trial": todo[0].model_dump(mode="json"), "search": space, **static}
         tune_config = tune.TuneConfig(
             search_alg=searcher,
@@ -216,7 +215,7 @@ def _search_space(sweep: Sweep, client, experiment_id: str):
     points, rewards = [], []
     for runs in runs_by_hash(client, experiment_id).values():
         for r in runs:
-            value = r.data.metrics.get(sweep.search.metric.replace("@", "_at_"))
+            value = r.data.metrics.get(sanitize_metric(sweep.search.metric))
             if r.info.status == "FINISHED" and value is not None:
                 trial = json.loads(r.data.tags.get("pdm.search_point", "{}") or "{}")
                 if set(trial) == set(space):
@@ -235,7 +234,7 @@ def _search_space(sweep: Sweep, client, experiment_id: str):
 def _best(client, experiment_id: str, sweep: Sweep) -> dict[str, Any] | None:
     if sweep.search is None:
         return None
-    key = sweep.search.metric.replace("@", "_at_")
+    key = sanitize_metric(sweep.search.metric)
     best = None
     for runs in runs_by_hash(client, experiment_id).values():
         for r in runs:

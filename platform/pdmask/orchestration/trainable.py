@@ -47,7 +47,9 @@ def run_trial(config: dict[str, Any]) -> None:
     from pdmask.tracking import TrialRun, open_client
 
     trial = trial_from_config(config)
-    total = 5 if config.get("calibration_seconds") else planned_steps(trial)
+    from pdmask.orchestration.calibration import STEPS as CALIBRATION_STEPS
+
+    total = CALIBRATION_STEPS if config.get("calibration_seconds") else planned_steps(trial)
     base = {"pdm_trial_hash": trial.trial_hash, "pdm_total_steps": total or 0}
     with Claim(trial.trial_hash) as claimed:
         if not claimed:
