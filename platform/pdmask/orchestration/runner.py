@@ -171,26 +171,36 @@ def execute(
 
 
 def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutcome:
-    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable)."""
-    from pdmask.orchestration.claims import is_claimed
+    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable).
+
+    A trial not FINISHED in the snapshot is re-read under its claim: another invocation may be
+    finishing it right now, and its state must never be overwritten from a stale snapshot.
+    """
+    from pdmask.orchestration.claims import Claim
+    from pdmask.tracking.runs import find_trial_runs, with_retry
 
     by_hash = runs_by_hash(client, experiment_id)
     finished = failed = interrupted = elsewhere = 0
     hashes = list(by_hash) if sweep.search is not None else [t.trial_hash for t in trials]
     for h in hashes:
-        runs = by_hash.get(h, [])
-        statuses = {r.info.status for r in runs}
+        statuses = {r.info.status for r in by_hash.get(h, [])}
         if "FINISHED" in statuses:
             finished += 1
-        elif "FAILED" in statuses:
-            failed += 1
-        elif "RUNNING" in statuses and is_claimed(h):
-            elsewhere += 1
-        else:
-            for r in runs:
-                if r.info.status == "RUNNING":
-                    client.set_terminated(r.info.run_id, status="KILLED")
-            interrupted += 1
+            continue
+        with Claim(h, wait=0) as ours:
+            runs = find_trial_runs(client, experiment_id, h) if ours else by_hash.get(h, [])
+            statuses = {r.info.status for r in runs}
+            if "FINISHED" in statuses:
+                finished += 1
+            elif "FAILED" in statuses:
+                failed += 1
+            elif not ours:  # another live invocation trains it now
+                elsewhere += 1
+            else:
+                for r in runs:
+                    if r.info.status == "RUNNING":
+                        with_retry(lambda r=r: client.set_terminated(r.info.run_id, status="KILLED"))
+                interrupted += 1
     return SweepOutcome(
         finished - skipped,
         failed,
