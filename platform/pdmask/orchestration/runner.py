@@ -199,7 +199,9 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
             else:
                 for r in runs:
                     if r.info.status == "RUNNING":
-                        with_retry(lambda r=r: client.set_terminated(r.info.run_id, status="KILLED"))
+                        with_retry(
+                            lambda r=r: client.set_terminated(r.info.run_id, status="KILLED")
+                        )
                 interrupted += 1
     return SweepOutcome(
         finished - skipped,
