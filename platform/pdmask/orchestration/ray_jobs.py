@@ -78,7 +78,7 @@ def run_job_sweep(
         )
     cluster_name = getattr(args, "cluster", None) or sweep.cluster
     settings = JobSettings.from_env()
-    overrides = build_all(sweep, trials, cluster_name, settings)  # raises before anything launches
+    overrides = build_all(sweep, trials, cluster_name, settings, reg)  # raises before any launch
     jobs = [
         TrialJob(
             t,
@@ -114,6 +114,7 @@ def run_job_sweep(
         tags=tags,
         console=console,
         max_concurrent=getattr(args, "max_concurrent", None) or sweep.max_concurrent,
+        registry=reg,
     )
     runner.adopt(todo)
     try:
@@ -148,6 +149,7 @@ class JobRunner:
     tags: dict[str, str]
     console: object
     max_concurrent: int | None = None
+    registry: object = None  # where the trials' recipes are declared (a job may carry one)
     _waiting_note: str = ""
 
     # ------------------------------------------------------------ start-up
@@ -255,6 +257,7 @@ class JobRunner:
             attempt=attempt,
             settings=self.settings,
             overrides=job.overrides,
+            registry=self.registry,
         )
         sid = spec["submission_id"]
         res = spec["resources"]

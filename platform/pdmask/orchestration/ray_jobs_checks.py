@@ -25,13 +25,15 @@ def poll_seconds() -> float:
 
 
 def build_all(
-    sweep, trials: list[Trial], cluster_name: str, settings: JobSettings
+    sweep, trials: list[Trial], cluster_name: str, settings: JobSettings, registry=None
 ) -> dict[str, list[str]]:
     """Every trial's verl overrides by trial hash; raises with every trial's problems at once."""
     built, problems = {}, []
     for trial in trials:
         try:
-            built[trial.trial_hash] = trial_overrides(trial, sweep, cluster_name, settings)
+            built[trial.trial_hash] = trial_overrides(
+                trial, sweep, cluster_name, settings, registry=registry
+            )
         except ValidationFailed as err:
             problems.extend(err.problems)
     if problems:

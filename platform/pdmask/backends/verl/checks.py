@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from pdmask.backends.verl.loss_names import DEFAULT_TOPK, method_for_loss_mode
+from pdmask.backends.verl.loss_names import DEFAULT_TOPK, loss_uses_delta, method_for_loss_mode
 from pdmask.errors import Problem, ValidationFailed
-from pdmask.trust_region import get_method
 
 AGENT_LOOP = "pdm_single_turn"
 TRAINER_NAME = "pdm_sync"
@@ -88,7 +87,6 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
     if method is None:
         return problems
 
-    spec = get_method(method)
     need(
         config_value(config, "trainer.v1.trainer_mode") == TRAINER_NAME,
         "trainer.v1.trainer_mode",
@@ -99,7 +97,7 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
         f"{POLICY_LOSS}._target_",
         "must be pdmask.backends.verl.config.PDMPolicyLossConfig for pdmask's losses",
     )
-    if spec.uses_delta:
+    if loss_uses_delta(loss_mode):
         need(
             config_value(config, f"{POLICY_LOSS}.pdm_delta") is not None,
             f"{POLICY_LOSS}.pdm_delta",

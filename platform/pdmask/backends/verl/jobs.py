@@ -8,8 +8,9 @@ A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``
   the precision, nodes x GPUs on the cluster profile, the seed, the number of steps, the data and
   reward, and the paper's setup (:class:`~pdmask.backends.verl.jobs_setup.PaperSetup`);
 - ``runtime_env``: the Ray job's environment (it reaches every actor on every node): the pdmask
-  plugin module, the MLflow tracking URI and, once pdmask has pre-created the trial's run at
-  submission, ``MLFLOW_RUN_ID``;
+  plugin module, the MLflow tracking URI, once pdmask has pre-created the trial's run at
+  submission ``MLFLOW_RUN_ID``, and for a recipe the math API does not know, the recipe file
+  itself (``file_recipes``: a new baseline is one file in ``recipes/``, on a cluster too);
 - ``resources``: nodes, GPUs per node, GPUs, GPU kind (what admission control reserves);
 - ``submission_id``: ``pdm-<sweep>-<trial hash>-a<attempt>`` (the dry run shows attempt 1).
 
@@ -160,6 +161,27 @@ def _trial_extra(
     return extra
 
 
+def file_recipe_of(trial: Trial, registry=None):
+    """The recipe file a trial's job must carry (None for a math-API method), and its problems."""
+    from pdmask.backends.verl.file_recipes import FileRecipe, needs_to_travel
+
+    registry = registry if registry is not None else _project_registry()
+    recipe = registry.recipes.get(trial.method)
+    where = f"trial {trial.run_name()} ({trial.trial_hash})"
+    if recipe is None:
+        return None, [Problem(where, "method", f"no recipe {trial.method!r} in {registry.root}")]
+    if not needs_to_travel(recipe):
+        return None, []
+    # What the recipe needs from a backend was checked when the sweep was expanded for VeRL.
+    return FileRecipe.of(recipe, registry.recipe_files[trial.method], trial.params), []
+
+
+def _project_registry():
+    from pdmask.registry import load_registry
+
+    return load_registry()
+
+
 def _method_problems(trial: Trial) -> list[Problem]:
     where = f"trial {trial.run_name()} ({trial.trial_hash})"
     if trial.method == "grpo-clip-higher" and trial.params.get("ratio_cap") is not None:
@@ -179,16 +201,20 @@ def trial_overrides(
     cluster: str,
     settings: JobSettings | None = None,
     setup: PaperSetup | None = None,
+    registry=None,
 ) -> list[str]:
-    """verl's Hydra overrides for one trial (raises ValidationFailed naming every problem)."""
+    """verl's Hydra overrides for one trial (raises ValidationFailed naming every problem).
+
+    ``registry``: where the trial's recipe is declared (default: the project's)."""
     settings = settings or JobSettings.from_env()
     setup = setup or PaperSetup()
     res = trial_resources(trial, cluster)
-    problems = _resource_problems(trial, cluster, res) + _method_problems(trial)
+    file_recipe, recipe_problems = file_recipe_of(trial, registry)
+    problems = _resource_problems(trial, cluster, res) + _method_problems(trial) + recipe_problems
     if problems:
         raise ValidationFailed(problems)
     try:
-        generated = _generated(trial, sweep, res, settings, setup)
+        generated = _generated(trial, sweep, res, settings, setup, file_recipe)
     except ValidationFailed as err:  # name the trial: a sweep reports all of its trials at once
         where = f"trial {trial.run_name()} ({trial.trial_hash})"
         raise ValidationFailed([Problem(where, p.field, p.message) for p in err.problems]) from None
@@ -199,7 +225,7 @@ def trial_overrides(
     return kept + [f"{k}={v}" for k, v in site.items()]
 
 
-def _generated(trial, sweep, res, settings, setup) -> list[str]:
+def _generated(trial, sweep, res, settings, setup, file_recipe) -> list[str]:
     from pdmask.backends.verl.overrides import verl_overrides
 
     return verl_overrides(
@@ -214,16 +240,24 @@ def _generated(trial, sweep, res, settings, setup) -> list[str]:
         experiment=sweep.name,
         run_name=trial.run_name(),
         extra=_trial_extra(trial, sweep, res, settings, setup),
+        file_recipe=file_recipe,
     )
 
 
 def job_env_vars(
-    trial: Trial, *, tracking_uri: str, run_id: str | None, attempt: int, sid: str
+    trial: Trial,
+    *,
+    tracking_uri: str,
+    run_id: str | None,
+    attempt: int,
+    sid: str,
+    file_recipe=None,
 ) -> dict[str, str]:
-    """The Ray job's environment: verl's plugin and MLflow run, plus the trial's identity."""
+    """The Ray job's environment: verl's plugin and MLflow run, the recipe file it carries (if
+    any), plus the trial's identity."""
     from pdmask.backends.verl.overrides import job_env
 
-    env = job_env(tracking_uri=tracking_uri, run_id=run_id)
+    env = job_env(tracking_uri=tracking_uri, run_id=run_id, file_recipe=file_recipe)
     env.update(
         {
             "PDM_TRIAL_HASH": trial.trial_hash,
@@ -246,14 +280,28 @@ def job_spec(
     attempt: int = 1,
     settings: JobSettings | None = None,
     overrides: list[str] | None = None,
+    registry=None,
 ) -> dict[str, Any]:
     """One trial's complete Ray job: entrypoint, runtime env, resources, submission id."""
     settings = settings or JobSettings.from_env()
+    registry = registry if registry is not None else _project_registry()
     overrides = (
-        overrides if overrides is not None else trial_overrides(trial, sweep, cluster, settings)
+        overrides
+        if overrides is not None
+        else trial_overrides(trial, sweep, cluster, settings, registry=registry)
     )
+    file_recipe, problems = file_recipe_of(trial, registry)
+    if problems:
+        raise ValidationFailed(problems)
     sid = submission_id(sweep.name, trial.trial_hash, attempt)
-    env = job_env_vars(trial, tracking_uri=tracking_uri, run_id=run_id, attempt=attempt, sid=sid)
+    env = job_env_vars(
+        trial,
+        tracking_uri=tracking_uri,
+        run_id=run_id,
+        attempt=attempt,
+        sid=sid,
+        file_recipe=file_recipe,
+    )
     return {
         "trial_hash": trial.trial_hash,
         "run_name": trial.run_name(),
@@ -291,7 +339,14 @@ def job_specs(
     for trial in trials:
         try:
             specs.append(
-                job_spec(trial, sweep, cluster=cluster, tracking_uri=uri, settings=settings)
+                job_spec(
+                    trial,
+                    sweep,
+                    cluster=cluster,
+                    tracking_uri=uri,
+                    settings=settings,
+                    registry=reg,
+                )
             )
         except ValidationFailed as err:
             problems.extend(err.problems)

@@ -28,7 +28,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from pdmask.backends.verl import compat
 from pdmask.backends.verl.config import DEFAULT_TOPK
-from pdmask.backends.verl.loss_names import PDM_LOSS_MODES, method_for_loss_mode
+from pdmask.backends.verl.loss_names import loss_mask, loss_uses_delta, method_for_loss_mode
 from pdmask.backends.verl.metrics import diagnostic_metrics
 from pdmask.backends.verl.processor import (
     OLD_PHASE,
@@ -40,7 +40,7 @@ from pdmask.backends.verl.processor import (
     stats_from_outputs,
 )
 from pdmask.errors import ConfigError
-from pdmask.trust_region import get_method, method_mask, per_token_loss
+from pdmask.trust_region import per_token_loss
 
 compat.require(["plugin", "loss"])
 
@@ -50,6 +50,7 @@ class LossSettings:
     """The pdmask knobs of an actor config whose ``loss_mode`` is a pdmask method."""
 
     method: str
+    loss_mode: str
     delta: float | None
     topk: int
     ratio_cap: float | None
@@ -60,11 +61,12 @@ class LossSettings:
     def from_actor_config(cls, config) -> LossSettings | None:
         """None when the configured loss is not one of pdmask's (e.g. ``vanilla``)."""
         policy_loss = config.policy_loss
-        method = method_for_loss_mode(policy_loss.get("loss_mode", "vanilla"))
+        loss_mode = policy_loss.get("loss_mode", "vanilla")
+        method = method_for_loss_mode(loss_mode)
         if method is None:
             return None
         delta = policy_loss.get("pdm_delta", None)
-        if get_method(method).uses_delta and delta is None:
+        if loss_uses_delta(loss_mode) and delta is None:
             raise ConfigError(
                 f"actor_rollout_ref.actor.policy_loss.pdm_delta: required by {method} (set "
                 "policy_loss._target_=pdmask.backends.verl.config.PDMPolicyLossConfig and "
@@ -72,6 +74,7 @@ class LossSettings:
             )
         return cls(
             method=method,
+            loss_mode=loss_mode,
             delta=delta,
             topk=policy_loss.get("pdm_topk", DEFAULT_TOPK),
             ratio_cap=policy_loss.get("pdm_ratio_cap", None),
@@ -87,7 +90,7 @@ class LossSettings:
 class _ActiveBatch:
     """What the registered loss needs from the wrapper for the micro-batch being computed."""
 
-    method: str
+    loss_mode: str
     mask: torch.Tensor  # (B, R) bool, True = gradient zeroed
     ratio_cap: float | None
 
@@ -124,9 +127,9 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
     padded = data.select("response_mask", "advantages").to_padded_tensor()
     valid = padded["response_mask"].bool()
     advantages = padded["advantages"].to(stats.ratio.dtype)
-    mask = method_mask(settings.method, stats, advantages, delta=settings.delta) & valid
+    mask = loss_mask(settings.loss_mode, settings.delta)(stats, advantages) & valid
 
-    token = _ACTIVE_BATCH.set(_ActiveBatch(settings.method, mask, settings.ratio_cap))
+    token = _ACTIVE_BATCH.set(_ActiveBatch(settings.loss_mode, mask, settings.ratio_cap))
     try:
         loss, metrics = ppo_loss(config, model_output, data, dp_group)
     finally:
@@ -158,7 +161,7 @@ def masked_policy_loss(
 ):
     """The registered verl policy loss of a pdmask method: ``-M r A`` through verl's ``agg_loss``."""
     batch = _ACTIVE_BATCH.get()
-    if batch is None or batch.method != PDM_LOSS_MODES[loss_mode]:
+    if batch is None or batch.loss_mode != loss_mode:
         raise RuntimeError(
             f"policy loss {loss_mode!r} needs the per-token top-K statistics of pdmask's actor loss "
             "function; run the job with trainer.v1.trainer_mode=pdm_sync so the actor installs it"

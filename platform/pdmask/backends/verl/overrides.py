@@ -58,17 +58,23 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-def _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk) -> None:
+def _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, file_recipe) -> None:
     problems = []
 
     def need(ok: bool, field: str, message: str) -> None:
         if not ok:
             problems.append(Problem("verl overrides", field, message))
 
+    carried = file_recipe is not None
     need(
-        method in METHODS,
+        method in METHODS or carried,
         "method",
-        f"unknown method {method!r}; known: {', '.join(sorted(METHODS))}",
+        f"unknown method {method!r}; known: {', '.join(sorted(METHODS))} (or pass its file_recipe)",
+    )
+    need(
+        not carried or file_recipe.name == method,
+        "file_recipe",
+        f"carries recipe {getattr(file_recipe, 'name', None)!r}, not {method!r}",
     )
     need(precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}, got {precision!r}")
     need(mu_source in MU_SOURCES, "mu_source", f"must be one of {MU_SOURCES}, got {mu_source!r}")
@@ -84,10 +90,16 @@ def _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk) -
         f"must be an integer >= 1, got {n_gpus_per_node!r}",
     )
     need(delta is None or delta > 0, "delta", f"must be > 0, got {delta!r}")
-    if method in METHODS and METHODS[method].uses_delta:
+    if _uses_delta(method, file_recipe):
         need(delta is not None, "delta", f"{method} needs the trust-region radius delta")
     if problems:
         raise ValidationFailed(problems)
+
+
+def _uses_delta(method: str, file_recipe) -> bool:
+    if file_recipe is not None:
+        return file_recipe.uses_delta
+    return method in METHODS and METHODS[method].uses_delta
 
 
 def verl_overrides(
@@ -103,10 +115,15 @@ def verl_overrides(
     experiment: str,
     run_name: str,
     extra: dict | None = None,
+    file_recipe=None,
 ) -> list[str]:
-    """``key=value`` overrides for verl 0.9.1's ``ppo_trainer`` config running ``method``."""
-    _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk)
-    is_pdmask_loss = method != GRPO_METHOD
+    """``key=value`` overrides for verl 0.9.1's ``ppo_trainer`` config running ``method``.
+
+    ``file_recipe`` (a :class:`~pdmask.backends.verl.file_recipes.FileRecipe`): the method is a
+    recipe file the job carries in its environment (``job_env``), not a math-API method.
+    """
+    _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, file_recipe)
+    is_pdmask_loss = method != GRPO_METHOD or file_recipe is not None
     rollout_topk = is_pdmask_loss and mu_source == "rollout"
     o: dict[str, Any] = {
         "algorithm.adv_estimator": "grpo",
@@ -124,7 +141,7 @@ def verl_overrides(
         f"{_A}.use_dynamic_bsz": True,
         f"{_R}.log_prob_use_dynamic_bsz": True,
         f"{_PL}._target_": POLICY_LOSS_CONFIG,
-        f"{_PL}.loss_mode": verl_loss_name(method),
+        f"{_PL}.loss_mode": file_recipe.loss_mode if file_recipe else verl_loss_name(method),
         f"+{_PL}.pdm_mu_source": mu_source,
         f"+{_PL}.pdm_topk": topk,
         f"{_R}.name": "vllm",
@@ -141,7 +158,7 @@ def verl_overrides(
         "trainer.nnodes": nnodes,
         "trainer.n_gpus_per_node": n_gpus_per_node,
     }
-    if METHODS[method].uses_delta:
+    if _uses_delta(method, file_recipe):
         o[f"+{_PL}.pdm_delta"] = delta
     if not is_pdmask_loss:
         o.update({f"{_A}.{key}": value for key, value in GRPO_CLIP.items()})
@@ -165,14 +182,20 @@ def verl_overrides(
 
 
 def job_env(
-    *, tracking_uri: str, run_id: str | None = None, tags: dict[str, str] | None = None
+    *,
+    tracking_uri: str,
+    run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    file_recipe=None,
 ) -> dict[str, str]:
     """Environment variables of a VeRL job (Ray job runtime env: reaches every actor on every node).
 
     With ``run_id`` verl attaches to that pre-created run; otherwise ``tags`` are applied when verl
-    creates the run.
+    creates the run. ``file_recipe``: the recipe file the job carries (see ``verl_overrides``).
     """
     env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, "MLFLOW_TRACKING_URI": tracking_uri}
+    if file_recipe is not None:
+        env.update(file_recipe.env())
     if run_id:
         env["MLFLOW_RUN_ID"] = run_id
     elif tags:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from verl.trainer.ppo.core_algos import register_policy_loss
 
 from pdmask.backends.verl import compat
-from pdmask.backends.verl.loss_names import PDM_LOSS_MODES
+from pdmask.backends.verl.loss_names import pdm_loss_modes
 
 compat.check_version()
 
@@ -49,8 +49,9 @@ def _policy_loss(loss_mode: str) -> Callable:
 
 
 def register_losses() -> None:
-    """Every pdmask method into verl's policy-loss registry (idempotent)."""
-    for loss_mode in PDM_LOSS_MODES:
+    """Every pdmask method, and every recipe file the job carries, into verl's policy-loss
+    registry (idempotent)."""
+    for loss_mode in pdm_loss_modes():
         register_policy_loss(loss_mode)(_policy_loss(loss_mode))
 
 
