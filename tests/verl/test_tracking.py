@@ -145,3 +145,38 @@ def test_silently_disabled_mlflow_is_refused(store):
     assert json.loads(job_env(tracking_uri="sqlite://", tags={"a": 1})["MLFLOW_RUN_CONTEXT"]) == {
         "a": "1"
     }
+
+
+def test_a_retried_job_never_logs_a_step_twice(store, monkeypatch):
+    """Attempt 2 resumes from the checkpoint at step 1 and verl logs steps 2-3 again."""
+    uri, client, experiment_id = store
+    run_id = client.create_run(experiment_id, run_name="trial-3").info.run_id
+    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
+        monkeypatch.setenv(key, value)
+    config = job_config()
+
+    first = start_verl_tracking(config)
+    tracking.start_of_training(config, first)
+    for step in range(4):
+        first.log(
+            data={"critic/score/mean": float(step), "val-core/acc@16": 10.0 + step}, step=step
+        )
+    mlflow.end_run(status="FAILED")  # the job died after step 3
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)  # the retry's job env (end_run unset it here)
+
+    second = start_verl_tracking(config)
+    assert mlflow.active_run().info.run_id == run_id
+    tracking.start_of_training(config, second)
+    for step in range(2, 6):
+        second.log(data={"critic/score/mean": 100.0 + step}, step=step)
+        second.log(data={"val-core/acc@16": 200.0 + step, "only/attempt2": 1.0}, step=step)
+    second.finish()
+
+    def history(key):
+        return [(m.step, m.value) for m in client.get_metric_history(run_id, key)]
+
+    assert sorted(history("critic/score/mean")) == [
+        (0, 0.0), (1, 1.0), (2, 2.0), (3, 3.0), (4, 104.0), (5, 105.0)
+    ]  # fmt: skip
+    assert [s for s, _ in sorted(history("val-core/acc_at_16"))] == [0, 1, 2, 3, 4, 5]
+    assert [s for s, _ in sorted(history("only/attempt2"))] == [2, 3, 4, 5]  # per metric

@@ -12,7 +12,9 @@ verl's ``Tracking`` (in the TaskRunner process) logs into MLflow: experiment =
 In the job, pdmask's trainer then checks that verl's MLflow backend really started, adds what only
 the job knows (verl version, loss, mu source, rollout precision), logs the resolved config as an
 artifact, and marks the run FAILED, with the reason, when the job raises (verl would mark a crashed
-run FINISHED).
+run FINISHED). A retried job logs into the same run and resumes from its last checkpoint, so verl
+logs the steps after that checkpoint again: pdmask's guard around verl's MLflow adapter drops every
+value of a step the run already holds for that metric, so a history never has a step twice.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def uses_mlflow(config) -> bool:
 
 
 def start_of_training(config, tracking) -> None:
-    """Right after verl created its ``Tracking``: check MLflow is live, tag, log the config."""
+    """Right after verl created its ``Tracking``, before it logs anything: check MLflow is live,
+    tag, log the config, guard against re-logged steps."""
     if not uses_mlflow(config):
         return
     if "mlflow" not in getattr(tracking, "logger", {}):
@@ -72,6 +75,44 @@ def start_of_training(config, tracking) -> None:
 
     mlflow.set_tags(job_tags(config))
     mlflow.log_dict(OmegaConf.to_container(config, resolve=True), CONFIG_ARTIFACT)
+    adapter = tracking.logger["mlflow"]
+    if not isinstance(adapter, SkipLoggedSteps):
+        run_id = mlflow.active_run().info.run_id
+        tracking.logger["mlflow"] = SkipLoggedSteps(adapter, logged_steps(run_id))
+
+
+def logged_steps(run_id: str) -> dict[str, int]:
+    """The last step of every metric the run already holds (empty for a first attempt)."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    keys = client.get_run(run_id).data.metrics
+    return {
+        key: max((m.step for m in client.get_metric_history(run_id, key)), default=-1)
+        for key in keys
+    }
+
+
+class SkipLoggedSteps:
+    """verl's MLflow adapter, minus the values of steps the run already holds for that metric.
+
+    Per metric, not per step: a retry that crashed between a step's training and validation
+    metrics still gets the validation ones logged."""
+
+    def __init__(self, adapter, logged: dict[str, int]):
+        self.adapter = adapter
+        self.logged = logged
+
+    def log(self, data, step):
+        from pdmask.tracking import sanitize_metric  # the key verl's adapter writes
+
+        if step is not None and self.logged:
+            data = {k: v for k, v in data.items() if step > self.logged.get(sanitize_metric(k), -1)}
+        if data:
+            self.adapter.log(data=data, step=step)
+
+    def __getattr__(self, name):  # finish() and anything else verl calls
+        return getattr(self.adapter, name)
 
 
 def mark_failed(reason: str) -> None:

@@ -50,9 +50,22 @@ class PDMTrainerSync(PPOTrainerSync):
         with tracking.failure_marked():
             super().fit(agent_loop_manager)
 
+    # verl creates its Tracking in fit() and logs the validation before training before
+    # on_train_begin: pdmask's MLflow set-up runs at whichever of the two hooks comes first.
+    _tracking_started = False
+
+    def _start_tracking(self):
+        if not self._tracking_started:
+            tracking.start_of_training(self.config, self.logger)
+            self._tracking_started = True
+
+    def on_validate_begin(self):
+        super().on_validate_begin()
+        self._start_tracking()
+
     def on_train_begin(self):
         super().on_train_begin()
-        tracking.start_of_training(self.config, self.logger)
+        self._start_tracking()
 
     def _init_resource_pool_mgr(self):
         super()._init_resource_pool_mgr()
