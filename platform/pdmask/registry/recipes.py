@@ -16,13 +16,17 @@ import sys
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pdmask.errors import Problem
-from pdmask.trust_region import DIRECTION_TESTS, PROXIMITY_TESTS, TokenStats, composed_mask
+from pdmask.registry.math_names import DIRECTION_NAMES, PROXIMITY_NAMES
+
+if TYPE_CHECKING:  # the math API (and torch) load only when a mask is computed
+    import torch
+
+    from pdmask.trust_region import TokenStats
 
 # What a backend may have to supply for a recipe to train (see ``Recipe.needs``).
 KNOWN_INPUTS = {
@@ -30,7 +34,8 @@ KNOWN_INPUTS = {
     "behaviour_full": "the behaviour policy's full distribution (only the embedded backend has it)",
 }
 
-MaskFn = Callable[[TokenStats, torch.Tensor, dict[str, Any]], torch.Tensor]
+MaskFn = Callable[..., Any]
+"""A recipe's own mask: ``fn(stats: TokenStats, advantages: Tensor, params: dict) -> bool Tensor``."""
 
 
 class Param(BaseModel):
@@ -82,10 +87,10 @@ class Recipe(BaseModel):
         description="How to launch it (shown by `pdm recipes list -v`).",
     )
     proximity: str | None = Field(
-        None, description=f"Proximity test from the math API: one of {sorted(PROXIMITY_TESTS)}."
+        None, description=f"Proximity test from the math API: one of {sorted(PROXIMITY_NAMES)}."
     )
     direction: str | None = Field(
-        None, description=f"Direction test from the math API: one of {sorted(DIRECTION_TESTS)}."
+        None, description=f"Direction test from the math API: one of {sorted(DIRECTION_NAMES)}."
     )
     mask: MaskFn | None = Field(
         None,
@@ -133,13 +138,13 @@ class Recipe(BaseModel):
         if self.mask is None:
             if self.proximity is None or self.direction is None:
                 raise ValueError("give `proximity` and `direction`, or an own `mask` function")
-            if self.proximity not in PROXIMITY_TESTS:
+            if self.proximity not in PROXIMITY_NAMES:
                 raise ValueError(
-                    f"proximity {self.proximity!r} unknown; known: {sorted(PROXIMITY_TESTS)}"
+                    f"proximity {self.proximity!r} unknown; known: {sorted(PROXIMITY_NAMES)}"
                 )
-            if self.direction not in DIRECTION_TESTS:
+            if self.direction not in DIRECTION_NAMES:
                 raise ValueError(
-                    f"direction {self.direction!r} unknown; known: {sorted(DIRECTION_TESTS)}"
+                    f"direction {self.direction!r} unknown; known: {sorted(DIRECTION_NAMES)}"
                 )
         for pname, p in self.params.items():
             err = p.check(p.default) if p.default is not None else None
@@ -177,6 +182,8 @@ class Recipe(BaseModel):
         if self.mask is not None:
             own = self.mask
             return lambda stats, adv: own(stats, adv, params)
+        from pdmask.trust_region import composed_mask
+
         proximity, direction = self.proximity, self.direction
         kwargs = {k: params[k] for k in ("delta", "eps_low", "eps_high") if k in params}
         return lambda stats, adv: composed_mask(proximity, direction, stats, adv, **kwargs)
