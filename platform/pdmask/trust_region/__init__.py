@@ -52,6 +52,7 @@ Typical use::
 """
 
 from pdmask.trust_region.diagnostics import DISAGREEMENTS, diagnostics
+from pdmask.trust_region.exact import ExactDivergence, exact_divergence
 from pdmask.trust_region.loss import AGG_MODES, aggregate_loss, per_token_loss
 from pdmask.trust_region.methods import (
     DIRECTION_TESTS,
@@ -75,6 +76,7 @@ __all__ = [
     "METHODS",
     "PROXIMITY_TESTS",
     "SENTINEL_THRESHOLD",
+    "ExactDivergence",
     "MethodSpec",
     "PolicyLossResult",
     "TokenStats",
@@ -82,6 +84,7 @@ __all__ = [
     "composed_mask",
     "compute_token_stats",
     "diagnostics",
+    "exact_divergence",
     "direction_test",
     "get_method",
     "method_mask",

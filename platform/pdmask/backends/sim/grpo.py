@@ -16,7 +16,7 @@ import torch
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.rollout import Generation, generate
 from pdmask.backends.sim.task import AdditionTask
-from pdmask.trust_region import TokenStats, compute_token_stats
+from pdmask.trust_region import ExactDivergence, TokenStats, compute_token_stats, exact_divergence
 
 GRPO_EPSILON = 1e-6
 
@@ -104,21 +104,13 @@ def token_stats(logits: torch.Tensor, batch: RolloutBatch, index: torch.Tensor) 
     )
 
 
-@dataclass
-class ExactReference:
-    """Full-vocabulary quantities, computable only because the behaviour is fully known here."""
-
-    kl: torch.Tensor  # KL(mu || pi) over the whole vocabulary
-    ddot: (
-        torch.Tensor
-    )  # (pi_k - mu_k) + sum_i pi_i (mu_i - pi_i), the derivative the masks estimate
+ExactReference = ExactDivergence  # the name the sim's trainer and analysis use
 
 
-@torch.no_grad()
 def exact_reference(
     logits: torch.Tensor, batch: RolloutBatch, index: torch.Tensor
 ) -> ExactReference:
-    """The exact KL and ``Ddot`` (paper.md) against the full behaviour distribution.
+    """The math API's exact KL and ``Ddot`` against the rollout's full behaviour distribution.
 
     A reference for diagnostics only (how often each top-K estimator gets the sign right); masks
     never see it. Needs a rollout collected with ``keep_full=True``.
@@ -126,11 +118,4 @@ def exact_reference(
     gen = batch.generation
     if gen.mu_full_logprobs is None:
         raise ValueError("exact references need a rollout collected with keep_full=True")
-    log_mu = gen.mu_full_logprobs[index]
-    log_pi = torch.log_softmax(logits.detach().float(), dim=-1)
-    mu, pi = log_mu.exp(), log_pi.exp()
-    sampled = gen.responses[index].unsqueeze(-1)
-    local = (pi.gather(-1, sampled) - mu.gather(-1, sampled)).squeeze(-1)
-    global_term = (pi * (mu - pi)).sum(-1)
-    kl = torch.where(mu > 0, mu * (log_mu - log_pi), 0.0).sum(-1)
-    return ExactReference(kl=kl, ddot=local + global_term)
+    return exact_divergence(logits, gen.mu_full_logprobs[index], gen.responses[index])
