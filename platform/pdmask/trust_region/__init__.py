@@ -49,6 +49,9 @@ Typical use::
     stats = compute_token_stats(logits, ids, mu_topk_ids, mu_topk_logprobs, mu_logp)
     mask = method_mask("pdm-agg", stats, advantages, delta=0.15)
     loss = aggregate_loss(per_token_loss(stats.logp, stats.mu_logp, advantages, mask), response_mask)
+
+With mu known over the whole vocabulary, ``exact_divergence(logits, mu_logprobs, ids)`` gives the
+exact KL and ``Ddot`` that the top-K estimators approximate (diagnostics, analysis).
 """
 
 from pdmask.trust_region.diagnostics import DISAGREEMENTS, diagnostics
