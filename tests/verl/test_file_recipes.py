@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -22,13 +21,12 @@ from pdmask.backends.verl import file_recipes, plugin  # noqa: E402
 from pdmask.backends.verl.config import PDMPolicyLossConfig  # noqa: E402
 from pdmask.backends.verl.file_recipes import ENV_VAR, FileRecipe  # noqa: E402
 from pdmask.backends.verl.jobs import job_specs  # noqa: E402
-from pdmask.backends.verl.loss import pdm_ppo_loss  # noqa: E402
 from pdmask.errors import ValidationFailed  # noqa: E402
 from pdmask.registry import load_registry  # noqa: E402
 from tests.registry.test_new_recipe import NEW_RECIPE  # noqa: E402
 
-from .batches import engine_forward, make_batch, micro_batch  # noqa: E402
-from .test_loss_path import ALL, math_api_step  # noqa: E402
+from .batches import make_batch  # noqa: E402
+from .test_loss_path import ALL, math_api_step, verl_step  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 LOSS_MODE = "hard_topk_kl"
@@ -169,11 +167,7 @@ def test_carried_recipe_loss_and_gradient_equal_the_math_api_with_its_mask(proje
         ),
     )
     batch = make_batch()
-    data = micro_batch(batch, ALL)
-    loss_fn = partial(pdm_ppo_loss, config=config)
-    model_output = engine_forward(batch.sample_logits(ALL), data, loss_fn)
-    loss, metrics = loss_fn(model_output=model_output, data=data)
-    loss.backward()
+    loss, metrics = verl_step(batch, ALL, config)
     verl_grad = batch.leaf.grad.clone()
     batch.leaf.grad = None
 
