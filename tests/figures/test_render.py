@@ -37,3 +37,27 @@ def test_long_notes_are_wrapped_to_the_panel():
     note = next(t for t in fig.axes[0].texts if "no runs" in t.get_text())
     assert note.get_text().count("\n") >= 1
     assert max(len(s) for s in note.get_text().split("\n")) <= 30
+
+
+def test_legend_and_title_of_a_narrow_figure_stay_inside_it():
+    """Two panels, four methods and a long title: the legend takes more rows, the title wraps."""
+    names = ["grpo-clip-higher", "dppo-topk-kl", "pdm-agg", "pdm-uni"]
+    labels = ["GRPO clip-higher", "DPPO top-K KL", "PDM (agg. tail)", "PDM (uniform tail)"]
+    colours = ["#7f7f7f", "#1f77b4", "#d62728", "#ff7f0e"]
+    styles = {n: MethodStyle(label, c) for n, label, c in zip(names, labels, colours, strict=True)}
+    style = GridStyle(styles, {}, names, LayoutSpec(columns=2), "±1 sd over 4 seeds")
+    curve = Curve(np.arange(5), np.linspace(0.1, 0.5, 5))
+    panel = Panel("p", [Line(n, aggregate_seeds([curve], BandSpec())) for n in names])
+    title = "Trust-region masks at δ = 0.15, stress profile (embedded backend)"
+    fig = draw_grid(
+        [[panel, panel]], style, row_labels=["y"], yscales=["linear"], x_label="x", title=title
+    )
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    inside = fig.bbox
+    legend = fig.legends[0].get_window_extent(renderer)
+    heading = next(t for t in fig.texts if t.get_text().startswith("Trust-region"))
+    assert "\n" in heading.get_text()  # wrapped
+    for box in (legend, heading.get_window_extent(renderer)):
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1, (box, inside)
+    assert fig.legends[0]._ncols < len(names) + 1  # more than one row

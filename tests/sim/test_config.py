@@ -8,13 +8,14 @@ import pytest
 
 from pdmask.backends.sim import PRECISIONS, PROFILES, STAND_INS, SimTrialConfig
 from pdmask.errors import ConfigError, ValidationFailed
+from pdmask.registry.sweeps import SIM_PROFILES
 from pdmask.trust_region import AGG_MODES
 
 
 def test_presets_cover_the_registry_names():
     fields = SimTrialConfig.model_fields
     assert set(STAND_INS) == set(get_args(fields["stand_in"].annotation))
-    assert set(PROFILES) == set(get_args(fields["profile"].annotation))
+    assert set(PROFILES) == set(get_args(fields["profile"].annotation)) == set(SIM_PROFILES)
     assert set(AGG_MODES) == set(get_args(fields["loss_agg_mode"].annotation))
     assert PRECISIONS == ("bf16", "fp8-rollout", "fp8-e2e")
     assert PROFILES["smoke"].steps < PROFILES["default"].steps < PROFILES["full"].steps

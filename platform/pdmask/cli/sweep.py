@@ -28,7 +28,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--backend", choices=["sim", "verl"], default=None, help="override the sweep's backend"
     )
     parser.add_argument(
-        "--profile", default=None, help="embedded-backend budget profile (smoke/default/full)"
+        "--profile",
+        default=None,
+        help="embedded-backend budget profile (smoke/default/full/stress)",
     )
     parser.add_argument(
         "--cluster", default=None, help=f"cluster profile for planning: {sorted(CLUSTERS)}"

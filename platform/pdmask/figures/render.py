@@ -255,15 +255,49 @@ def _legend_handles(style: GridStyle, any_stop: bool) -> tuple[list, list]:
     return methods, extras
 
 
-def _legend_layout(methods: list, extras: list, fits_one_row: bool) -> tuple[list, int]:
-    """Handles in fill order and the column count: one row, or methods over extras."""
-    if fits_one_row or not extras:
-        return methods + extras, len(methods) + len(extras)
-    cols = max(len(methods), len(extras))
+def _wrap_to_width(fig: Figure, renderer, text: str, fontsize: float, max_px: float) -> str:
+    """``text`` broken at spaces into lines no wider than ``max_px`` (measured, not estimated)."""
+    lines: list[str] = []
+    for word in text.split():
+        candidate = f"{lines[-1]} {word}" if lines else word
+        probe = fig.text(0, 0, candidate, fontsize=fontsize)
+        too_wide = probe.get_window_extent(renderer).width > max_px
+        probe.remove()
+        if lines and not too_wide:
+            lines[-1] = candidate
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def _read_by_rows(handles: list, ncol: int) -> list:
+    """``handles`` reordered so that matplotlib's column-by-column fill reads row by row."""
     blank = Line2D([], [], alpha=0.0, label=" ")
-    rows = [methods + [blank] * (cols - len(methods)), extras + [blank] * (cols - len(extras))]
-    # matplotlib fills legends column by column: interleave so that it reads row by row.
-    return [rows[r][c] for c in range(cols) for r in range(2)], cols
+    rows = [handles[i : i + ncol] for i in range(0, len(handles), ncol)]
+    rows[-1] = rows[-1] + [blank] * (ncol - len(rows[-1]))
+    return [rows[r][c] for c in range(ncol) for r in range(len(rows))]
+
+
+def _legend_layout(methods: list, extras: list, fits) -> tuple[list, int, int]:
+    """Handles in fill order, the column count and the row count of the widest legend that
+    ``fits(handles, ncol)`` the figure: one row; else methods over extras; else as many columns
+    as fit, read row by row."""
+    every = methods + extras
+    if fits(every, len(every)):
+        return every, len(every), 1
+    if extras:
+        cols = max(len(methods), len(extras))
+        blank = Line2D([], [], alpha=0.0, label=" ")
+        rows = [methods + [blank] * (cols - len(methods)), extras + [blank] * (cols - len(extras))]
+        # matplotlib fills legends column by column: interleave so that it reads row by row.
+        handles = [rows[r][c] for c in range(cols) for r in range(2)]
+        if fits(handles, cols):
+            return handles, cols, 2
+    for ncol in range(len(every) - 1, 0, -1):
+        handles = _read_by_rows(every, ncol)
+        if ncol == 1 or fits(handles, ncol):
+            return handles, ncol, -(-len(every) // ncol)
+    raise AssertionError("unreachable")
 
 
 def draw_grid(
@@ -306,20 +340,27 @@ def draw_grid(
                 if c == 0:
                     ax.set_ylabel(row_labels[r])
         methods, extras = _legend_handles(style, any_stop)
-        legend = fig.legend(
-            handles=methods + extras,
-            ncol=len(methods) + len(extras),
-            frameon=False,
-            handlelength=1.8,
-            columnspacing=1.2,
-        )
         fig.set_size_inches(width, 4.0)
-        one_row = legend.get_window_extent(fig.canvas.get_renderer()).width <= width * fig.dpi
-        legend.remove()
-        handles, ncol = _legend_layout(methods, extras, one_row)
-        legend_rows = 1 if ncol == len(handles) else 2
+        renderer = fig.canvas.get_renderer()
+        # Legend and title are centred over the panels, which sit right of the figure's centre
+        # (the y label's margin): what fits is the width symmetric about the panels' centre,
+        # less 5 % because glyphs hinted at the PNG's resolution run wider than measured here.
+        room_px = 0.95 * (width - (m.left - m.right) * scale) * fig.dpi
 
-        top = m.top_pad + legend_rows * m.legend_row + (m.title + 0.10 if title else 0.0)
+        def fits(handles: list, ncol: int) -> bool:
+            legend = fig.legend(
+                handles=handles, ncol=ncol, frameon=False, handlelength=1.8, columnspacing=1.2
+            )
+            width_px = legend.get_window_extent(renderer).width
+            legend.remove()
+            return width_px <= room_px
+
+        handles, ncol, legend_rows = _legend_layout(methods, extras, fits)
+        title_size = layout.font_size + 1.5
+        title = _wrap_to_width(fig, renderer, title, title_size, room_px) if title else ""
+        title_height = m.title + 0.10 + 1.2 * m.title * title.count("\n") if title else 0.0
+
+        top = m.top_pad + legend_rows * m.legend_row + title_height
         # Wrap the footnote to the figure's width (DejaVu Sans averages ~0.55 em per character).
         note_size = layout.font_size - 1.5
         per_line = max(20, int((width - 0.1) * 72 / (0.55 * note_size)))
@@ -349,7 +390,7 @@ def draw_grid(
                     )
                 )
         center = (m.left * scale + (width - m.right * scale)) / 2 / width
-        legend_top = 1 - (m.top_pad + (m.title + 0.10 if title else 0.0)) * scale / height
+        legend_top = 1 - (m.top_pad + title_height) * scale / height
         fig.legend(
             handles=handles,
             ncol=ncol,
@@ -368,7 +409,7 @@ def draw_grid(
                 title,
                 ha="center",
                 va="top",
-                fontsize=layout.font_size + 1.5,
+                fontsize=title_size,
             )
         label_y = (note_height + 0.04) * scale / height
         fig.text(center, label_y, x_label, ha="center", va="bottom")

@@ -25,7 +25,7 @@ from pdmask.errors import Problem
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
 AXES = ("method", "model", "precision", "delta", "mu_source")
-SIM_PROFILES = ("smoke", "default", "full")
+SIM_PROFILES = ("smoke", "default", "full", "stress")  # = sim PROFILES
 
 
 class Override(BaseModel):

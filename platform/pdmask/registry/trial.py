@@ -35,7 +35,7 @@ class Trial(BaseModel):
     seed: int = Field(description="Random seed of the whole trial.")
     backend: Literal["sim", "verl"] = Field(description="Training backend.")
     profile: str = Field(
-        description="Budget profile of the embedded backend (`smoke`, `default`, `full`)."
+        description="Budget profile of the embedded backend (`smoke`, `default`, `full`, `stress`)."
     )
     steps: int | None = Field(
         None, description="RL steps for the VeRL backend (None: its default)."

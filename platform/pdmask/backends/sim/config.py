@@ -17,7 +17,7 @@ from pdmask.errors import Problem, ValidationFailed
 StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]  # = STAND_INS (a test checks)
 PrecisionName = Literal["bf16", "fp8-rollout", "fp8-e2e"]
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
-ProfileName = Literal["smoke", "default", "full"]
+ProfileName = Literal["smoke", "default", "full", "stress"]
 LossAggMode = Literal[  # = pdmask.trust_region.AGG_MODES (a test checks)
     "token-mean",
     "token-sum",
@@ -41,7 +41,9 @@ class SimTrialConfig(BaseModel):
         "training forward is FP8-emulated as well (finer scaling than the behaviour's)."
     )
     profile: ProfileName = Field(
-        "default", description="Budget preset (PROFILES): smoke (seconds), default (<~50 s), full."
+        "default",
+        description="Budget preset (PROFILES): smoke (seconds), default (<~50 s), full, stress "
+        "(8 stale minibatches at lr 1e-3: the trust region binds; <~60 s on tiny-4b).",
     )
     seed: int = Field(description="Trial seed: rollouts, minibatch order and evaluation samples.")
     delta: float = Field(

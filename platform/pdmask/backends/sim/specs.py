@@ -6,7 +6,8 @@ warm-start recipe, which makes its "base model" (see ``warmstart.py``).
 
 Profiles size a trial: ``smoke`` runs in seconds (tests), ``default`` keeps a trial under about
 50 s on one core so the default ``main-figure`` sweep (32 trials, 2 at a time on 2 cores) finishes
-within 15 minutes, ``full`` gives smoother curves.
+within 15 minutes, ``full`` gives smoother curves. ``stress`` makes the trust region bind (more
+stale updates per rollout and larger steps; see its comment) for the ``stress-figure`` sweep.
 """
 
 from __future__ import annotations
@@ -130,5 +131,26 @@ PROFILES: dict[str, ProfileSpec] = {
         eval_every=20,
         eval_problems=160,
         checkpoint_every=20,
+    ),
+    # Stresses the off-policy part: twice the stale updates per rollout batch (8 minibatches of
+    # 32 sequences: 7 of 8 updates stale) at 3.3x the default learning rate, so the stale policy
+    # drifts as far as the region allows. At `default` the region hardly binds (masked 0.1-2 %,
+    # stale top-K KL ~0.002 against delta = 0.15) and all methods coincide; here the last
+    # minibatch's top-K KL is ~0.15-0.3 (of the order of delta) and 4-7 % of tokens are masked on
+    # tiny-4b/bf16; on tiny-30b-a3b/fp8-rollout the precision mismatch also grows ~10x
+    # (mismatch KL ~0.01-0.02). Chosen for the masked fraction, not for a winner. Measured (2-4
+    # seeds, 120 steps; ~20 s per trial on tiny-4b, ~40 s on tiny-30b-a3b, one core): the methods
+    # separate, but GRPO clip-higher's tighter effective region wins (4b/bf16 final avg@16 ~0.73
+    # against ~0.52-0.58 for the top-K KL methods) and on 30b/fp8-rollout every method collapses
+    # (GRPO later); pdm-agg/pdm-uni do not separate from dppo-topk-kl beyond seed noise.
+    "stress": ProfileSpec(
+        steps=120,
+        prompts_per_step=32,
+        group_size=8,
+        minibatches=8,
+        lr=1e-3,
+        eval_every=10,
+        eval_problems=96,
+        checkpoint_every=10,
     ),
 }
