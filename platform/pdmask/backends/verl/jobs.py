@@ -206,10 +206,14 @@ def trial_overrides(
     """verl's Hydra overrides for one trial (raises ValidationFailed naming every problem).
 
     ``registry``: where the trial's recipe is declared (default: the project's)."""
+    file_recipe, recipe_problems = file_recipe_of(trial, registry)
+    return _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_problems)
+
+
+def _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_problems) -> list[str]:
     settings = settings or JobSettings.from_env()
     setup = setup or PaperSetup()
     res = trial_resources(trial, cluster)
-    file_recipe, recipe_problems = file_recipe_of(trial, registry)
     problems = _resource_problems(trial, cluster, res) + _method_problems(trial) + recipe_problems
     if problems:
         raise ValidationFailed(problems)
@@ -284,14 +288,10 @@ def job_spec(
 ) -> dict[str, Any]:
     """One trial's complete Ray job: entrypoint, runtime env, resources, submission id."""
     settings = settings or JobSettings.from_env()
-    registry = registry if registry is not None else _project_registry()
-    overrides = (
-        overrides
-        if overrides is not None
-        else trial_overrides(trial, sweep, cluster, settings, registry=registry)
-    )
-    file_recipe, problems = file_recipe_of(trial, registry)
-    if problems:
+    file_recipe, problems = file_recipe_of(trial, registry)  # the recipe file is read once
+    if overrides is None:
+        overrides = _overrides(trial, sweep, cluster, settings, None, file_recipe, problems)
+    elif problems:
         raise ValidationFailed(problems)
     sid = submission_id(sweep.name, trial.trial_hash, attempt)
     env = job_env_vars(
