@@ -56,8 +56,11 @@ def _listing(name: str, sub: typer.Typer) -> TyperCommand:
         info = sub.registered_commands[0]
         help_text = info.help or inspect.getdoc(info.callback)
         panel = info.rich_help_panel
-    plain = lambda value: value if isinstance(value, str) else None  # noqa: E731 (typer placeholders)
-    return TyperCommand(name=name, help=plain(help_text), rich_help_panel=plain(panel))
+    return TyperCommand(name=name, help=_given(help_text), rich_help_panel=_given(panel))
+
+
+def _given(value) -> str | None:
+    return value if isinstance(value, str) else None  # typer keeps "not given" as a placeholder
 
 
 class Commands(TyperGroup):

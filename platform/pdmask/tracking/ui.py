@@ -82,6 +82,15 @@ def start_ui(
             env={**os.environ, **SERVER_ENV},
         )
     url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    try:
+        _wait_until_serving(proc, url, log_path)
+    except BaseException:  # Ctrl-C or SIGTERM while it starts included: nothing is left running
+        stop_ui(proc)
+        raise
+    return proc, url
+
+
+def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path) -> None:
     deadline = time.time() + START_TIMEOUT_S
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -90,10 +99,9 @@ def start_ui(
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
                 if resp.status == 200:
-                    return proc, url
+                    return
         except OSError:
             time.sleep(0.5)
-    stop_ui(proc)
     raise RuntimeError(
         f"mlflow server did not answer on {url} within {START_TIMEOUT_S} s (log: {log_path})"
     )
