@@ -44,7 +44,10 @@ def command_apps() -> dict[str, typer.Typer]:
 def _is_group(sub: typer.Typer) -> bool:
     # typer's own rule: one command and no callback becomes that command, anything else a group.
     return bool(
-        sub.registered_callback or sub.registered_groups or len(sub.registered_commands) > 1
+        sub.registered_callback
+        or sub.info.callback
+        or sub.registered_groups
+        or len(sub.registered_commands) > 1
     )
 
 
@@ -57,6 +60,11 @@ def _listing(name: str, sub: typer.Typer) -> TyperCommand:
         help_text = info.help or inspect.getdoc(info.callback)
         panel = info.rich_help_panel
     return TyperCommand(name=name, help=_given(help_text), rich_help_panel=_given(panel))
+
+
+def _panel_rank(listing: TyperCommand) -> int:
+    panel = listing.rich_help_panel
+    return PANELS.index(panel) if panel in PANELS else len(PANELS)  # the rest under "Commands"
 
 
 def _given(value) -> str | None:
@@ -75,7 +83,7 @@ class Commands(TyperGroup):
         super().__init__(**attrs)
         self._unbuilt = command_apps()
         listings = [_listing(name, sub) for name, sub in self._unbuilt.items()]
-        for listing in sorted(listings, key=lambda c: PANELS.index(c.rich_help_panel)):
+        for listing in sorted(listings, key=_panel_rank):
             self.commands[listing.name] = listing  # `pdm --help` shows the panels in this order
 
     def resolve_command(self, ctx, args):
