@@ -7,12 +7,19 @@ of each per round, ``--repeat`` rounds) so that whatever else the machine does w
 them alike. Per command it prints the median wall time, the median CPU time (user + system of
 that process) and the peak resident memory, each beside its ratio to ``python -c pass`` measured
 in the same rounds. The goal for `pdm --help` and `pdm recipes list` is under 0.5 s.
+
+    python benchmarks/bench_cli.py --instructions
+
+counts the instructions each command executes instead (valgrind's callgrind, one run each, about
+50 times slower): a measure no other load on the machine changes.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -53,15 +60,46 @@ def _run(argv: list[str], env: dict[str, str]) -> tuple[float, float, float]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024  # Linux: KiB
 
 
+def _instructions(argv: list[str], env: dict[str, str]) -> int:
+    """Instructions one process executes (valgrind callgrind's total ``Ir``)."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode != 0 or not found:
+        raise SystemExit(f"{argv} under valgrind exited {done.returncode}:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def _print_instructions(runs, env) -> None:
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt-get install valgrind)")
+    counts = {label: _instructions(argv, env) for label, argv in runs}
+    base = counts[BASELINE[0]]
+    print(f"{'command':<28} {'instructions':>14} {'x pass':>7}")
+    for label, count in counts.items():
+        print(f"{label:<28} {count:14,d} {count / base:7.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=15, help="rounds (one run of each)")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions (valgrind) instead"
+    )
     args = parser.parse_args()
 
     state = tempfile.mkdtemp(prefix="pdm-bench-cli-")
     env = {**os.environ, "PDM_PROJECT": str(ROOT), "PDM_HOME": state, "COLUMNS": "100"}
     env.pop("MLFLOW_TRACKING_URI", None)
     runs = [BASELINE, *((label, [*_pdm(), *argv]) for label, argv in COMMANDS)]
+    if args.instructions:
+        _print_instructions(runs, env)
+        return
     for _, argv in runs:  # warm the file cache and the bytecode caches
         _run(argv, env)
     samples: dict[str, list[tuple[float, float, float]]] = {label: [] for label, _ in runs}
