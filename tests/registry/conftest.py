@@ -1,9 +1,7 @@
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,15 +20,19 @@ def project(tmp_path: Path) -> Path:
 def pdm(
     *args: str, project: Path | None = None, check: bool = False
 ) -> subprocess.CompletedProcess:
-    env = dict(os.environ)
-    if project is not None:
-        env["PDM_PROJECT"] = str(project)
-        env["PDM_HOME"] = str(project / ".pdm")
-    return subprocess.run(
-        [sys.executable, "-m", "pdmask", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=check,
-        cwd=project or ROOT,
+    """`pdm ARGS` in-process through typer's test runner (these tests check flags, plans and
+    error reports, not processes), as a CompletedProcess: returncode, stdout, stderr."""
+    from typer.testing import CliRunner
+
+    from pdmask.cli import app
+
+    env = {"PDM_PROJECT": str(project or ROOT), "PDM_HOME": str((project or ROOT) / ".pdm")}
+    result = CliRunner().invoke(app, list(args), env=env)
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    done = subprocess.CompletedProcess(
+        ["pdm", *args], result.exit_code, result.stdout, result.stderr
     )
+    if check:
+        done.check_returncode()
+    return done

@@ -4,96 +4,141 @@
     pdm analyze tokens --seeds 8 --optimizer sgd --delta 0.05 --out results/tokens
     pdm analyze tokens --seeds 61 --jobs 2      # Ctrl-C at any time; rerun to resume
 
-Heavy imports (torch, MLflow, matplotlib) happen inside the handler, so `pdm --help` stays fast.
+The analysis' own flags take their help and defaults from ``TokenAnalysisConfig`` (their one
+home): a flag left out is left out of the config, whose default then applies. Heavy imports
+(torch, MLflow, matplotlib) happen inside the command, so `pdm --help` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pdmask.cli import _choices
+from pdmask.cli._options import OUTPUT, RESULTS, StateDir, TrackingUri
 
 COMMAND = "analyze"
+SETTING = "Training setting"
+STEP = "Analysed step"
+
+app = typer.Typer(
+    help="Analyses beyond training curves (the token-level mechanism table).",
+    rich_help_panel=RESULTS,
+    add_completion=False,
+)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND, help="analyses beyond training curves (token-level mechanism table)"
-    )
-    sub = parser.add_subparsers(metavar="ANALYSIS", required=True)
-    tokens = sub.add_parser(
-        "tokens",
-        help="ratio test vs predictive direction tests: one real step each, per seed",
-        description="For each seed: train the sweep's setting a few steps, roll out, train all "
-        "minibatches but the last, then on the last one take one real optimizer step per direction "
-        "test from the same saved state and measure every out-of-region token's change of D_t. "
-        "Writes a markdown report, CSV tables, a per-seed paired plot and an MLflow run. "
-        "Finished seeds are cached: Ctrl-C and rerun resumes.",
-    )
-    tokens.add_argument("--seeds", type=int, help="number of seeds (default 61)")
-    tokens.add_argument("--first-seed", type=int, help="first seed (default 0)")
-    tokens.add_argument("--delta", type=float, help="analysis threshold (default: the sweep's)")
-    tokens.add_argument(
-        "--optimizer",
-        default="both",
-        help="adamw, sgd or both (default both): the optimizer of the measured step",
-    )
-    tokens.add_argument("--sweep", help="sweep giving the training setting (token-analysis)")
-    tokens.add_argument("--profile", help="embedded-backend budget profile (default: the sweep's)")
-    tokens.add_argument("--train-steps", type=int, help="RL steps before the analysed rollout (20)")
-    tokens.add_argument("--prompts", type=int, help="prompts of the analysed rollout (1024)")
-    tokens.add_argument("--minibatches", type=int, help="minibatches of the analysed rollout (8)")
-    tokens.add_argument(
-        "--split", choices=["sequences", "groups"], help="minibatch split (default sequences)"
-    )
-    tokens.add_argument("--sgd-lr", type=float, help="SGD learning rate (default: matched)")
-    tokens.add_argument(
-        "--isolated-tokens", type=int, help="single-token SGD checks per seed (default 32)"
-    )
-    tokens.add_argument("--out", help="output folder (default <state>/analysis/tokens/<hash>)")
-    tokens.add_argument(
-        "--jobs", type=int, default=min(2, os.cpu_count() or 1), help="worker processes (2)"
-    )
-    tokens.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite in the state folder)",
-    )
-    tokens.add_argument("--no-mlflow", action="store_true", help="write files only")
-    tokens.set_defaults(func=run_tokens)
-    return parser
+@app.callback()
+def _group() -> None:
+    pass
 
 
-def run_tokens(args: argparse.Namespace) -> int:
-    from pathlib import Path
+def _config_field(name: str):
+    from pdmask.analysis.config import TokenAnalysisConfig
 
+    return TokenAnalysisConfig.model_fields[name]
+
+
+def _shown(default: Any) -> str | bool:
+    if default is None:
+        return False  # the description says what None means
+    if isinstance(default, tuple):
+        return ",".join(map(str, default))
+    return str(default)
+
+
+def _flag(field: str, flag: str | None = None, **option: Any):
+    """An option documented by, and defaulting to, the config field of that name."""
+    info = _config_field(field)
+    return typer.Option(
+        flag or f"--{field.replace('_', '-')}",
+        help=info.description,
+        show_default=_shown(info.default),
+        **option,
+    )
+
+
+def _config_type(field: str):
+    return _config_field(field).annotation
+
+
+@app.command("tokens")
+def tokens(
+    seeds: Annotated[int | None, _flag("seeds")] = None,
+    first_seed: Annotated[int | None, _flag("first_seed")] = None,
+    delta: Annotated[float | None, _flag("delta")] = None,
+    optimizer: Annotated[
+        str | None,
+        _flag("optimizers", "--optimizer", metavar="adamw|sgd|both", rich_help_panel=STEP),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        _flag("sweep", autocompletion=_choices.complete_sweep, rich_help_panel=SETTING),
+    ] = None,
+    profile: Annotated[_choices.Profile | None, _flag("profile", rich_help_panel=SETTING)] = None,
+    train_steps: Annotated[int | None, _flag("train_steps", rich_help_panel=SETTING)] = None,
+    prompts: Annotated[int | None, _flag("prompts", rich_help_panel=STEP)] = None,
+    minibatches: Annotated[int | None, _flag("minibatches", rich_help_panel=STEP)] = None,
+    split: Annotated[_config_type("split") | None, _flag("split", rich_help_panel=STEP)] = None,
+    sgd_lr: Annotated[float | None, _flag("sgd_lr", rich_help_panel=STEP)] = None,
+    isolated_tokens: Annotated[int | None, _flag("isolated_tokens", rich_help_panel=STEP)] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            file_okay=False,
+            help="Output folder. Default: <state>/analysis/tokens/<config hash>.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = min(
+        2, os.cpu_count() or 1
+    ),
+    no_mlflow: Annotated[
+        bool,
+        typer.Option(
+            "--no-mlflow", help="Write files only, no MLflow run.", rich_help_panel=OUTPUT
+        ),
+    ] = False,
+    tracking_uri: TrackingUri = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Ratio test vs predictive direction tests: one real step each, per seed.
+
+    For each seed: train the sweep's setting a few steps, roll out, train all minibatches but the
+    last, then on the last one take one real optimizer step per direction test from the same
+    saved state and measure every out-of-region token's change of D_t. Writes a markdown report,
+    CSV tables, a per-seed paired plot and an MLflow run. Finished seeds are cached: Ctrl-C and
+    rerun resumes.
+    """
     from pdmask.analysis import TokenAnalysisConfig, run_token_analysis
     from pdmask.analysis.config import parse_optimizers
-    from pdmask.errors import ConfigError
 
-    if args.jobs < 1:
-        raise ConfigError(f"--jobs: must be at least 1, got {args.jobs}")
     cfg = TokenAnalysisConfig.from_flags(
         {
-            "seeds": args.seeds,
-            "first_seed": args.first_seed,
-            "delta": args.delta,
-            "optimizers": parse_optimizers(args.optimizer),
-            "sweep": args.sweep,
-            "profile": args.profile,
-            "train_steps": args.train_steps,
-            "prompts": args.prompts,
-            "minibatches": args.minibatches,
-            "split": args.split,
-            "sgd_lr": args.sgd_lr,
-            "isolated_tokens": args.isolated_tokens,
+            "seeds": seeds,
+            "first_seed": first_seed,
+            "delta": delta,
+            "optimizers": None if optimizer is None else parse_optimizers(optimizer),
+            "sweep": sweep,
+            "profile": profile,
+            "train_steps": train_steps,
+            "prompts": prompts,
+            "minibatches": minibatches,
+            "split": split,
+            "sgd_lr": sgd_lr,
+            "isolated_tokens": isolated_tokens,
         }
     )
     result = run_token_analysis(
         cfg,
-        out=Path(args.out) if args.out else None,
-        tracking_uri=args.tracking_uri,
-        jobs=args.jobs,
-        track=not args.no_mlflow,
+        out=out,
+        tracking_uri=tracking_uri,
+        jobs=jobs,
+        track=not no_mlflow,
         progress=lambda line: print(line, flush=True),
     )
     print()
@@ -103,4 +148,3 @@ def run_tokens(args: argparse.Namespace) -> int:
     if result.run_id:
         print(f"mlflow run {result.run_id} (experiment {cfg.sweep})")
     print(f"wall time {result.wall_s / 60:.1f} min")
-    return 0

@@ -11,80 +11,82 @@ each flag can be repeated (AIME 2025 often comes as two files, I and II). Writes
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdmask.cli._options import DATA, OUTPUT, StateDir
 
 COMMAND = "data"
 
+app = typer.Typer(
+    help="Prepare DAPO-Math-17k / AIME24 / AIME25 for the VeRL backend.",
+    rich_help_panel=DATA,
+    add_completion=False,
+)
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND,
-        help="prepare DAPO-Math-17k / AIME24 / AIME25 for the VeRL backend",
-        description="Prepare training and validation data for the VeRL backend.",
-    )
-    parser.set_defaults(func=lambda _args: parser.print_help() or 0)
-    sub = parser.add_subparsers(title="data commands", metavar="ACTION")
-    prep = sub.add_parser(
-        "prepare",
-        help="convert downloaded DAPO-Math-17k and AIME files into VeRL RL parquet",
-        description=(
-            "Convert DAPO-Math-17k (training) and AIME24/AIME25 (validation) files you downloaded "
-            "into VeRL's RL parquet format, with one prompt template for all. Training rows are "
-            "filtered: empty problems, non-integer answers and duplicate problems are dropped, and "
-            "the count of each is printed."
+
+@app.callback(invoke_without_command=True)
+def _group(ctx: typer.Context) -> None:
+    if ctx.invoked_subcommand is None:  # `pdm data` alone: what it can do
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+def _paths(help_text: str):
+    return typer.Option(metavar="PATH", help=f"{help_text}; repeatable.", show_default=False)
+
+
+@app.command(
+    "prepare",
+    epilog="Accepted columns (case-insensitive): a problem column (problem, question, prompt, "
+    "query; a chat-message list or a string) and an answer column (reward_model.ground_truth, "
+    "ground_truth, answer, final_answer, label, gt; or the last \\boxed{} of solution).",
+)
+def prepare(
+    dapo: Annotated[
+        list[Path] | None, _paths("DAPO-Math-17k file or folder (training set)")
+    ] = None,
+    aime24: Annotated[
+        list[Path] | None, _paths("AIME 2024 file or folder (validation, data_source=aime24)")
+    ] = None,
+    aime25: Annotated[
+        list[Path] | None, _paths("AIME 2025 file or folder (validation, data_source=aime25)")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            file_okay=False,
+            help="Output folder. Default: <state dir>/data.",
+            rich_help_panel=OUTPUT,
         ),
-        epilog=(
-            "Accepted columns (case-insensitive): a problem column (problem, question, prompt, query; "
-            "a chat-message list or a string) and an answer column (reward_model.ground_truth, "
-            "ground_truth, answer, final_answer, label, gt; or the last \\boxed{} of solution)."
+    ] = None,
+    decontaminate: Annotated[
+        bool,
+        typer.Option(
+            "--decontaminate",
+            help="Also drop training problems whose text equals an AIME problem given.",
         ),
-    )
-    prep.add_argument(
-        "--dapo",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="DAPO-Math-17k file or folder (training set); repeatable",
-    )
-    prep.add_argument(
-        "--aime24",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="AIME 2024 file or folder (validation, data_source=aime24); repeatable",
-    )
-    prep.add_argument(
-        "--aime25",
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="AIME 2025 file or folder (validation, data_source=aime25); repeatable",
-    )
-    prep.add_argument(
-        "--out",
-        metavar="DIR",
-        default=None,
-        help="output folder (default: <state dir>/data, i.e. $PDM_HOME/data or <project>/.pdm/data)",
-    )
-    prep.add_argument(
-        "--decontaminate",
-        action="store_true",
-        help="also drop training problems whose text equals an AIME problem given here",
-    )
-    prep.set_defaults(func=_prepare)
-    return parser
+    ] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Convert downloaded DAPO-Math-17k and AIME files into VeRL RL parquet.
 
+    Converts DAPO-Math-17k (training) and AIME24/AIME25 (validation) files you downloaded into
+    VeRL's RL parquet format, with one prompt template for all. Training rows are filtered: empty
+    problems, non-integer answers and duplicate problems are dropped, and the count of each is
+    printed.
+    """
+    from pdmask.backends.verl.data import prepare as prepare_data
 
-def _prepare(args: argparse.Namespace) -> int:
-    from pdmask.backends.verl.data import prepare
-
-    result = prepare(
-        dapo=args.dapo,
-        aime24=args.aime24,
-        aime25=args.aime25,
-        out_dir=args.out,
-        decontaminate=args.decontaminate,
+    result = prepare_data(
+        dapo=dapo or [],
+        aime24=aime24 or [],
+        aime25=aime25 or [],
+        out_dir=out,
+        decontaminate=decontaminate,
     )
     for line in result.lines():
         print(line)
-    return 0

@@ -4,67 +4,100 @@
     pdm figure figure-2 --sweep my-ablation --out paper/figs --tracking-uri http://127.0.0.1:5000
     pdm figure --list                           # the specs available
 
-Heavy imports (MLflow, matplotlib) happen inside the handler, so `pdm --help` stays fast.
+Heavy imports (MLflow, matplotlib) happen inside the command, so `pdm --help` stays fast.
 """
 
 from __future__ import annotations
 
-import argparse
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdmask.cli import _choices
+from pdmask.cli._options import OUTPUT, RESULTS, StateDir, TrackingUri
 
 COMMAND = "figure"
 
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND,
-        help="draw a paper figure (dashboards/NAME.yaml) from the sweep's MLflow runs",
-        description="Build a figure from MLflow runs: PNG and PDF, the plotted data as CSV, a "
-        "manifest (run ids, trial hashes, git SHAs, the spec) and a summary table (final and "
-        "best value per method and setting, paired differences against the baseline).",
-    )
-    parser.add_argument("name", nargs="?", help="figure spec name (e.g. figure-1) or a .yaml path")
-    parser.add_argument("--sweep", help="sweep (= MLflow experiment) to read; default: the spec's")
-    parser.add_argument("--out", help="output folder; default: <state>/figures/<sweep>/<name>")
-    parser.add_argument(
-        "--tracking-uri",
-        help="MLflow tracking URI; default: $MLFLOW_TRACKING_URI, else the project's sqlite store",
-    )
-    parser.add_argument(
-        "--no-cache", action="store_true", help="re-read every metric history from MLflow"
-    )
-    parser.add_argument(
-        "--no-diagnostics", action="store_true", help="skip the companion diagnostics figure"
-    )
-    parser.add_argument("--list", action="store_true", help="list the figure specs and exit")
-    parser.add_argument("--quiet", action="store_true", help="print only the files written")
-    parser.set_defaults(func=run)
-    return parser
+app = typer.Typer(add_completion=False)
 
 
-def run(args: argparse.Namespace) -> int:
+@app.command(rich_help_panel=RESULTS)
+def figure(
+    name: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="NAME",
+            help="Figure spec name (e.g. figure-1) or a .yaml path.",
+            autocompletion=_choices.complete_dashboard,
+            show_default=False,
+        ),
+    ] = None,
+    sweep: Annotated[
+        str | None,
+        typer.Option(
+            help="Sweep (= MLflow experiment) to read. Default: the spec's.",
+            autocompletion=_choices.complete_sweep,
+        ),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR",
+            file_okay=False,
+            help="Output folder. Default: <state>/figures/<sweep>/<name>.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = None,
+    no_cache: Annotated[
+        bool, typer.Option("--no-cache", help="Re-read every metric history from MLflow.")
+    ] = False,
+    no_diagnostics: Annotated[
+        bool,
+        typer.Option(
+            "--no-diagnostics",
+            help="Skip the companion diagnostics figure.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = False,
+    list_specs: Annotated[
+        bool, typer.Option("--list", help="List the figure specs and exit.")
+    ] = False,
+    quiet: Annotated[
+        bool, typer.Option("--quiet", help="Print only the files written.", rich_help_panel=OUTPUT)
+    ] = False,
+    tracking_uri: TrackingUri = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Draw a paper figure (dashboards/NAME.yaml) from the sweep's MLflow runs.
+
+    Builds a figure from MLflow runs: PNG and PDF, the plotted data as CSV, a manifest (run ids,
+    trial hashes, git SHAs, the spec) and a summary table (final and best value per method and
+    setting, paired differences against the baseline).
+    """
     from pdmask.errors import ConfigError
     from pdmask.figures.spec import available_specs, load_spec
 
-    if args.list:
-        for name in available_specs():
-            spec = load_spec(name)
-            print(f"{name:<16} sweep {spec.sweep:<16} {spec.title}")
-        return 0
-    if not args.name:
+    if list_specs:
+        for spec_name in available_specs():
+            spec = load_spec(spec_name)
+            print(f"{spec_name:<16} sweep {spec.sweep:<16} {spec.title}")
+        return
+    if not name:
         raise ConfigError("give a figure name (pdm figure --list shows them)")
 
     from pdmask.figures import build_figure
 
     # styles=None: build_figure takes them from the recipe registry, else a fixed palette.
     result = build_figure(
-        args.name,
-        sweep=args.sweep,
-        tracking_uri=args.tracking_uri,
-        out_dir=args.out,
-        use_cache=not args.no_cache,
-        diagnostics=not args.no_diagnostics,
+        name,
+        sweep=sweep,
+        tracking_uri=tracking_uri,
+        out_dir=out,
+        use_cache=not no_cache,
+        diagnostics=not no_diagnostics,
     )
-    if not args.quiet:
+    if not quiet:
         print(result.summary_markdown)
         for note in result.notes:
             print(f"note: {note}")
@@ -76,4 +109,3 @@ def run(args: argparse.Namespace) -> int:
         )
     for role, path in result.paths.items():
         print(f"{role:<16} {path}")
-    return 0

@@ -1,35 +1,57 @@
-"""`pdm recipes list [-v]`: the methods found in the project's recipes/ folder."""
+"""`pdm recipes list [NAME ...] [-v]`: the methods found in the project's recipes/ folder."""
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated
 
-from pdmask.cli._output import console, print_json, table
-from pdmask.errors import ValidationFailed
-from pdmask.registry import load_registry
+import typer
+
+from pdmask.cli import _choices
+from pdmask.cli._options import REGISTRY, Json
 
 COMMAND = "recipes"
 
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND, help="list the trust-region methods (one file each in recipes/)"
-    )
-    sub = parser.add_subparsers(metavar="ACTION", required=True)
-    lister = sub.add_parser("list", help="list every recipe")
-    lister.add_argument(
-        "-v", "--verbose", action="store_true", help="show parameters and how to launch"
-    )
-    lister.add_argument("--json", action="store_true", help="machine-readable output")
-    lister.set_defaults(func=run_list)
-    return parser
+app = typer.Typer(
+    help="List the trust-region methods (one file each in recipes/).",
+    rich_help_panel=REGISTRY,
+    add_completion=False,
+)
 
 
-def run_list(args: argparse.Namespace) -> int:
+@app.callback()
+def _group() -> None:
+    pass
+
+
+@app.command("list")
+def list_recipes(
+    names: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="NAME...",
+            help="Recipes to show (default: all).",
+            autocompletion=_choices.complete_recipe,
+            show_default=False,
+        ),
+    ] = None,
+    verbose: Annotated[
+        bool, typer.Option("-v", "--verbose", help="Show parameters and how to launch.")
+    ] = False,
+    json: Json = False,
+) -> None:
+    """List every recipe: its proximity and direction tests, the inputs it needs, its summary."""
+    from pdmask.console import console, print_json, table
+    from pdmask.errors import ConfigError, ValidationFailed
+    from pdmask.registry import load_registry
+
     reg = load_registry()
     if reg.recipe_problems:
         raise ValidationFailed(reg.recipe_problems)
-    if args.json:
+    unknown = [n for n in names or [] if n not in reg.recipes]
+    if unknown:
+        raise ConfigError(f"no recipe {', '.join(unknown)}; known: {', '.join(reg.recipes)}")
+    recipes = [r for r in reg.recipes.values() if not names or r.name in names]
+    if json:
         print_json(
             [
                 {
@@ -45,10 +67,10 @@ def run_list(args: argparse.Namespace) -> int:
                     "file": str(reg.recipe_files[r.name]),
                     "params": {k: p.model_dump() for k, p in r.params.items()},
                 }
-                for r in reg.recipes.values()
+                for r in recipes
             ]
         )
-        return 0
+        return
     out = console()
     rows = [
         [
@@ -58,7 +80,7 @@ def run_list(args: argparse.Namespace) -> int:
             ", ".join(r.needs) or "-",
             r.summary,
         ]
-        for r in reg.recipes.values()
+        for r in recipes
     ]
     out.print(
         table(
@@ -68,12 +90,11 @@ def run_list(args: argparse.Namespace) -> int:
             wrap={"summary"},
         )
     )
-    if args.verbose:
-        for r in reg.recipes.values():
+    if verbose:
+        for r in recipes:
             out.print(
                 f"\n[bold]{r.name}[/bold]  ({reg.recipe_files[r.name].name}, verl loss `{r.verl_name}`)"
             )
             for k, p in r.params.items():
                 out.print(f"  {k} = {p.default!r}: {p.description}")
             out.print(f"  launch: {r.launch}")
-    return 0

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
+from typing import Annotated
 
-from pdmask.paths import project_root
-from pdmask.registry import Sweep
+import typer
+
+from pdmask.cli._options import REGISTRY
 
 COMMAND = "schema"
 
+app = typer.Typer(add_completion=False)
+
 
 def schemas() -> dict[str, dict]:
+    from pdmask.registry import Sweep
+
     out = {"sweep": Sweep.model_json_schema()}
     try:  # dashboards are described by the figures package
         from pdmask.figures.spec import FigureSpec
@@ -23,22 +28,21 @@ def schemas() -> dict[str, dict]:
     return out
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND, help="write JSON Schemas of sweep and dashboard YAML files"
-    )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="folder to write into (default: <project>/schemas)"
-    )
-    parser.set_defaults(func=run)
-    return parser
+@app.command(rich_help_panel=REGISTRY)
+def schema(
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="DIR", file_okay=False, help="Folder to write into. Default: <project>/schemas."
+        ),
+    ] = None,
+) -> None:
+    """Write JSON Schemas of sweep and dashboard YAML files."""
+    from pdmask.paths import project_root
 
-
-def run(args: argparse.Namespace) -> int:
-    out = args.out or project_root() / "schemas"
+    out = out or project_root() / "schemas"
     out.mkdir(parents=True, exist_ok=True)
-    for name, schema in schemas().items():
+    for name, body in schemas().items():
         path = out / f"{name}.schema.json"
-        path.write_text(json.dumps(schema, indent=2) + "\n")
+        path.write_text(json.dumps(body, indent=2) + "\n")
         print(f"wrote {path}")
-    return 0

@@ -1,91 +1,116 @@
-"""`pdm sweep NAME`: plan, run and resume a sweep; `--dry-run` prints the plan only."""
+"""`pdm sweep NAME`: plan, run and resume a sweep; `--dry-run` prints the plan only.
+
+The flags that shape the run have the names of ``SweepOptions``' fields and are passed on by name,
+so a new run option is one field there plus one parameter here.
+"""
 
 from __future__ import annotations
 
-import argparse
-import os
+from typing import Annotated
 
-from pdmask.cli._output import console, print_json, table
-from pdmask.registry import CLUSTERS, load_registry, plan_rows
-from pdmask.registry.plan import concurrent_trials
+import typer
+
+from pdmask.cli import _choices
+from pdmask.cli._options import OUTPUT, RUN, Json, RayAddress, StateDir, TrackingUri
 
 COMMAND = "sweep"
+GRID = "Trials"
+
+app = typer.Typer(add_completion=False)
 
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND,
-        help="run every unfinished trial of a sweep (or --dry-run to print the plan)",
-        description="Run every trial of sweeps/NAME.yaml that has no FINISHED run yet, then build its figures. "
-        "Interrupt with Ctrl-C at any time; running it again resumes.",
+@app.command(rich_help_panel=RUN)
+def sweep(
+    ctx: typer.Context,
+    name: Annotated[
+        str,
+        typer.Argument(
+            metavar="NAME",
+            help="Sweep name (`pdm sweeps list`).",
+            autocompletion=_choices.complete_sweep,
+        ),
+    ],
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", help="Print the plan; launch and write nothing.", rich_help_panel=OUTPUT
+        ),
+    ] = False,
+    json: Json = False,
+    backend: Annotated[
+        _choices.Backend | None,
+        typer.Option(help="Override the sweep's backend.", rich_help_panel=GRID),
+    ] = None,
+    profile: Annotated[
+        _choices.Profile | None,
+        typer.Option(help="Embedded-backend budget profile.", rich_help_panel=GRID),
+    ] = None,
+    cluster: Annotated[
+        _choices.Cluster | None,
+        typer.Option(help="Cluster profile for planning resources.", rich_help_panel=GRID),
+    ] = None,
+    max_concurrent: Annotated[
+        int | None, typer.Option(min=1, help="Cap on trials running at once.", rich_help_panel=GRID)
+    ] = None,
+    figures: Annotated[
+        bool,
+        typer.Option(
+            "--figures/--no-figures",
+            help="Build the sweep's figures at the end.",
+            rich_help_panel=OUTPUT,
+        ),
+    ] = True,
+    address: RayAddress = None,
+    tracking_uri: TrackingUri = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Run every unfinished trial of a sweep (or --dry-run to print the plan).
+
+    Runs every trial of sweeps/NAME.yaml that has no FINISHED run yet, then builds its figures.
+    Interrupt with Ctrl-C at any time; running it again resumes.
+    """
+    from pdmask.orchestration.options import SweepOptions
+
+    options = SweepOptions(
+        **{k: v for k, v in ctx.params.items() if k in SweepOptions.model_fields}
     )
-    parser.add_argument("name", help="sweep name (see `pdm sweeps list`)")
-    parser.add_argument(
-        "--dry-run", action="store_true", help="print the plan; launch and write nothing"
-    )
-    parser.add_argument("--json", action="store_true", help="with --dry-run: the plan as JSON")
-    parser.add_argument(
-        "--backend", choices=["sim", "verl"], default=None, help="override the sweep's backend"
-    )
-    parser.add_argument(
-        "--profile",
-        default=None,
-        help="embedded-backend budget profile (smoke/default/full/stress)",
-    )
-    parser.add_argument(
-        "--cluster", default=None, help=f"cluster profile for planning: {sorted(CLUSTERS)}"
-    )
-    parser.add_argument(
-        "--address",
-        default=os.environ.get("RAY_ADDRESS"),
-        help="Ray cluster to use (default: $RAY_ADDRESS, else a local embedded Ray)",
-    )
-    parser.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow store (default: $MLFLOW_TRACKING_URI, else sqlite in the state folder)",
-    )
-    parser.add_argument(
-        "--max-concurrent", type=int, default=None, help="cap on trials running at once"
-    )
-    parser.add_argument(
-        "--no-figures", action="store_true", help="do not build the sweep's figures at the end"
-    )
-    parser.set_defaults(func=run)
-    return parser
+    if dry_run:
+        _print_plan(name, options, json)
+        return
+    from pdmask.api import run_sweep
+
+    raise typer.Exit(run_sweep(name, options).exit_code)
 
 
-def _status_lookup(args, sweep_name):
+def _status_lookup(tracking_uri, sweep_name):
     """done/failed/running/todo per trial from the tracking store, when it can be read."""
     try:
         from pdmask.tracking import TrialStatusIndex
     except ImportError:
         return None
-    return TrialStatusIndex.open(args.tracking_uri, sweep_name, create=False).status_of
+    return TrialStatusIndex.open(tracking_uri, sweep_name, create=False).status_of
 
 
-def run(args: argparse.Namespace) -> int:
+def _print_plan(name: str, options, as_json: bool) -> None:
+    from pdmask.console import console, print_json, table
+    from pdmask.registry import CLUSTERS, load_registry, plan_rows
+    from pdmask.registry.plan import concurrent_trials
+
     reg = load_registry()
-    trials = reg.expand(args.name, backend=args.backend, profile=args.profile, cluster=args.cluster)
-    sweep = reg.sweep(args.name)
-    cluster = args.cluster or sweep.cluster
-    if args.dry_run:
-        return _print_plan(args, reg, sweep, trials, cluster)
-    from pdmask.orchestration import run_sweep
-
-    return run_sweep(reg, sweep, trials, args)
-
-
-def _print_plan(args, reg, sweep, trials, cluster) -> int:
-    status_of = _status_lookup(args, sweep.name)
+    trials = reg.expand(
+        name, backend=options.backend, profile=options.profile, cluster=options.cluster
+    )
+    sweep = reg.sweep(name)
+    cluster = options.cluster or sweep.cluster
+    status_of = _status_lookup(options.tracking_uri, sweep.name)
     rows = plan_rows(trials, cluster, status_of)
-    if args.backend == "verl" or (args.backend is None and sweep.backend == "verl"):
+    if (options.backend or sweep.backend) == "verl":
         from pdmask.backends.verl.jobs import job_specs  # the cluster job builder
 
-        specs = job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=args.tracking_uri)
+        specs = job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri)
     else:
         specs = None
-    if args.json:
+    if as_json:
         data = {"sweep": sweep.name, "cluster": cluster, "trials": [r.model_dump() for r in rows]}
         for t, row in zip(trials, data["trials"], strict=True):
             row["config"] = t.model_dump(mode="json")
@@ -96,7 +121,7 @@ def _print_plan(args, reg, sweep, trials, cluster) -> int:
         if sweep.search is not None:
             data["search"] = sweep.search.model_dump()
         print_json(data)
-        return 0
+        return
     out = console()
     cols = [
         "trial",
@@ -149,4 +174,3 @@ def _print_plan(args, reg, sweep, trials, cluster) -> int:
             out.print(f"  entrypoint: {spec['entrypoint']}")
             out.print(f"  runtime_env: {spec['runtime_env']}")
             out.print(f"  resources: {spec['resources']}")
-    return 0

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
-import argparse
+import typer
 
-from pdmask.cli._output import console, print_json, table
-from pdmask.registry import load_registry
+from pdmask.cli._options import REGISTRY, Json
 
 COMMAND = "sweeps"
 
+COLUMNS = ["name", "kind", "backend", "profile", "seeds", "figures", "description"]
 
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(COMMAND, help="list the named sweeps (sweeps/*.yaml)")
-    sub = parser.add_subparsers(metavar="ACTION", required=True)
-    lister = sub.add_parser("list", help="list every sweep")
-    lister.add_argument("--json", action="store_true", help="machine-readable output")
-    lister.set_defaults(func=run_list)
-    return parser
+app = typer.Typer(
+    help="List the named sweeps (sweeps/*.yaml).", rich_help_panel=REGISTRY, add_completion=False
+)
 
 
-def run_list(args: argparse.Namespace) -> int:
+@app.callback()
+def _group() -> None:
+    pass
+
+
+@app.command("list")
+def list_sweeps(json: Json = False) -> None:
+    """List every sweep: grid or search, backend, profile, seeds, figures, description."""
+    from pdmask.console import console, print_json, table
+    from pdmask.registry import load_registry
+
     reg = load_registry()
     rows = []
     for name, sweep in reg.sweeps.items():
@@ -35,31 +41,14 @@ def run_list(args: argparse.Namespace) -> int:
                 sweep.description,
             ]
         )
-    if args.json:
-        print_json(
-            [
-                dict(
-                    zip(
-                        ["name", "kind", "backend", "profile", "seeds", "figures", "description"],
-                        r,
-                        strict=True,
-                    )
-                )
-                for r in rows
-            ]
-        )
-        return 0
+    if json:
+        print_json([dict(zip(COLUMNS, r, strict=True)) for r in rows])
+        return
     out = console()
     out.print(
-        table(
-            f"{len(rows)} sweeps in {reg.root / 'sweeps'}",
-            ["name", "kind", "backend", "profile", "seeds", "figures", "description"],
-            rows,
-            wrap={"description"},
-        )
+        table(f"{len(rows)} sweeps in {reg.root / 'sweeps'}", COLUMNS, rows, wrap={"description"})
     )
     if reg.sweep_problems:
         out.print(
             f"[yellow]{len(reg.sweep_problems)} sweep file(s) have problems: run `pdm validate`[/yellow]"
         )
-    return 0

@@ -1,39 +1,82 @@
-"""`pdm ui`: the MLflow UI on 127.0.0.1 over the project's store; Ctrl-C stops it."""
+"""`pdm ui [SWEEP]`: the MLflow UI on 127.0.0.1 over the project's store; Ctrl-C stops it.
+
+It prints the link to each sweep's runs table. The server and its helpers stop with the command,
+whether it is stopped by Ctrl-C, SIGTERM or SIGKILL.
+"""
 
 from __future__ import annotations
 
-import argparse
-import os
+import signal
 import time
+from typing import Annotated
+
+import typer
+
+from pdmask.cli import _choices
+from pdmask.cli._options import RESULTS, SERVICES, StateDir, TrackingUri
 
 COMMAND = "ui"
 
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND, help="serve the MLflow UI on 127.0.0.1 over the project's runs"
-    )
-    parser.add_argument("--port", type=int, default=5000, help="port (0: any free port)")
-    parser.add_argument(
-        "--tracking-uri",
-        default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow store (default: sqlite in the state folder)",
-    )
-    parser.set_defaults(func=run)
-    return parser
+app = typer.Typer(add_completion=False)
 
 
-def run(args: argparse.Namespace) -> int:
-    from pdmask.tracking.ui import start_ui, stop_ui
+class _Stop(Exception):
+    """SIGTERM or SIGHUP: stop the server the way Ctrl-C does."""
 
-    proc, url = start_ui(args.tracking_uri, port=args.port or None)
-    print(f"MLflow UI: {url}   (Ctrl-C to stop)", flush=True)
+
+def _raise_stop(_signum, _frame):
+    raise _Stop
+
+
+@app.command(rich_help_panel=RESULTS)
+def ui(
+    sweep: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="SWEEP",
+            help="Sweep whose runs table to link (default: every experiment in the store).",
+            autocompletion=_choices.complete_sweep,
+            show_default=False,
+        ),
+    ] = None,
+    port: Annotated[int, typer.Option(min=0, help="Port (0: any free port).")] = 5000,
+    host: Annotated[
+        str,
+        typer.Option(
+            help="Interface to listen on. Anything but loopback exposes the store, unauthenticated, "
+            "to the network.",
+            rich_help_panel=SERVICES,
+        ),
+    ] = "127.0.0.1",
+    tracking_uri: TrackingUri = None,
+    state_dir: StateDir = None,
+) -> None:
+    """Serve the MLflow UI on 127.0.0.1 over the project's runs."""
+    from pdmask.errors import ConfigError
+    from pdmask.tracking.store import open_client, resolve_tracking_uri
+    from pdmask.tracking.ui import runs_table_url, start_ui, stop_ui
+
+    uri = resolve_tracking_uri(tracking_uri)
+    client = open_client(uri)
+    experiments = [e for e in client.search_experiments() if e.name != "Default"]
+    if sweep is not None:
+        known = ", ".join(sorted(e.name for e in experiments)) or "(none)"
+        experiments = [e for e in experiments if e.name == sweep]
+        if not experiments:
+            raise ConfigError(f"sweep {sweep!r} has no runs in {uri}; sweeps with runs: {known}")
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_stop)
+    proc = None
     try:
+        proc, url = start_ui(uri, port=port or None, host=host)
+        print(f"MLflow UI: {url}   (Ctrl-C to stop)", flush=True)
+        for exp in sorted(experiments, key=lambda e: e.name):
+            print(f"  {exp.name}: {runs_table_url(url, exp.experiment_id)}", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
-        return proc.returncode or 1
-    except KeyboardInterrupt:
+        raise typer.Exit(proc.returncode or 1)
+    except (KeyboardInterrupt, _Stop):
         print("stopping the UI", flush=True)
-        return 0
     finally:
-        stop_ui(proc)
+        if proc is not None:
+            stop_ui(proc)

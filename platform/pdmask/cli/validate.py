@@ -2,28 +2,38 @@
 
 from __future__ import annotations
 
-import argparse
+from typing import Annotated
 
-from pdmask.cli._output import console
-from pdmask.errors import ValidationFailed
-from pdmask.registry import load_registry
+import typer
+
+from pdmask.cli import _choices
+from pdmask.cli._options import REGISTRY
 
 COMMAND = "validate"
 
-
-def add_parser(subparsers) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
-        COMMAND, help="validate recipes and sweeps; report every problem at once"
-    )
-    parser.add_argument("sweeps", nargs="*", help="sweeps to expand (default: all)")
-    parser.set_defaults(func=run)
-    return parser
+app = typer.Typer(add_completion=False)
 
 
-def run(args: argparse.Namespace) -> int:
+@app.command(rich_help_panel=REGISTRY)
+def validate(
+    sweeps: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="SWEEP...",
+            help="Sweeps to expand (default: all).",
+            autocompletion=_choices.complete_sweep,
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Validate recipes and sweeps; report every problem at once (exit 2)."""
+    from pdmask.console import console
+    from pdmask.errors import ValidationFailed
+    from pdmask.registry import load_registry
+
     reg = load_registry()
     problems = list(reg.problems)
-    names = args.sweeps or sorted(reg.sweeps)
+    names = sweeps or sorted(reg.sweeps)
     counts = {}
     for name in names:
         try:
@@ -36,4 +46,3 @@ def run(args: argparse.Namespace) -> int:
     out.print(f"{len(reg.recipes)} recipes, {len(reg.sweeps)} sweeps: all valid")
     for name, n in counts.items():
         out.print(f"  {name}: {n} trial(s)")
-    return 0

@@ -10,7 +10,7 @@ from ray.tune import Callback
 from rich.console import Console
 from rich.live import Live
 
-from pdmask.cli._output import table
+from pdmask.console import table
 
 
 @dataclass

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 
 from pdmask.backends.verl.jobs import job_spec, submission_id, trial_resources
 from pdmask.backends.verl.jobs_setup import JobSettings
-from pdmask.cli._output import table
+from pdmask.console import table
 from pdmask.errors import ConfigError
+from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.ray_jobs_checks import (
     build_all,
     check_data,
@@ -62,10 +63,19 @@ class TrialJob:
 
 
 def run_job_sweep(
-    reg, sweep, trials: list[Trial], args, *, client, uri, experiment_id, tags, console
+    reg,
+    sweep,
+    trials: list[Trial],
+    options: SweepOptions,
+    *,
+    client,
+    uri,
+    experiment_id,
+    tags,
+    console,
 ) -> int:
     """Run every unfinished trial of ``sweep`` as a Ray job; exit code 0 when all finished."""
-    address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS")
+    address = options.address or os.environ.get("RAY_ADDRESS")
     if not address:
         raise ConfigError(
             "--backend verl submits Ray Jobs to a cluster: give --address http://HEAD:8265 "
@@ -76,7 +86,7 @@ def run_job_sweep(
             f"sweep {sweep.name} is a search: searches run on the embedded backend; on VeRL, "
             "list the points as a grid"
         )
-    cluster_name = getattr(args, "cluster", None) or sweep.cluster
+    cluster_name = options.cluster or sweep.cluster
     settings = JobSettings.from_env()
     overrides = build_all(sweep, trials, cluster_name, settings, reg)  # raises before any launch
     jobs = [
@@ -113,7 +123,7 @@ def run_job_sweep(
         experiment_id=experiment_id,
         tags=tags,
         console=console,
-        max_concurrent=getattr(args, "max_concurrent", None) or sweep.max_concurrent,
+        max_concurrent=options.max_concurrent or sweep.max_concurrent,
         registry=reg,
     )
     runner.adopt(todo)
@@ -128,7 +138,7 @@ def run_job_sweep(
         return 1
     _summary(console, sweep, jobs, done, uri)
     failed = [j for j in todo if j.state != "finished"]
-    if not failed and sweep.figures and not getattr(args, "no_figures", False):
+    if not failed and sweep.figures and options.figures:
         from pdmask.orchestration.runner import _build_figures
 
         _build_figures(console, reg, sweep, uri)

@@ -15,7 +15,8 @@ from typing import Any
 
 from rich.console import Console
 
-from pdmask.cli._output import table
+from pdmask.console import table
+from pdmask.orchestration.options import SweepOptions
 from pdmask.paths import state_dir
 from pdmask.registry import Registry, Sweep, Trial
 from pdmask.tracking import (
@@ -41,11 +42,12 @@ class SweepOutcome:
     best: dict[str, Any] | None = None
 
 
-def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], args) -> int:
+def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOptions) -> int:
+    """Run ``trials`` (the expanded ``sweep``); 0 when every one finished. Callers: ``pdmask.api``."""
     console = Console(highlight=False)
-    uri = resolve_tracking_uri(args.tracking_uri)
+    uri = resolve_tracking_uri(options.tracking_uri)
     client = open_client(uri)  # a bad store stops us here, before Ray starts
-    experiment_id = ensure_experiment(client, sweep.name)
+    experiment_id = ensure_experiment(client, sweep.name, sweep.description)
     tags = provenance_tags(reg.root)
     if trials and trials[0].backend == "verl":  # VeRL trials are Ray Jobs on a GPU cluster
         from pdmask.orchestration.ray_jobs import run_job_sweep
@@ -54,7 +56,7 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], args) -> int:
             reg,
             sweep,
             trials,
-            args,
+            options,
             client=client,
             uri=uri,
             experiment_id=experiment_id,
@@ -68,13 +70,13 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], args) -> int:
         uri=uri,
         experiment_id=experiment_id,
         tags=tags,
-        address=args.address,
-        max_concurrent=args.max_concurrent or sweep.max_concurrent,
+        address=options.address,
+        max_concurrent=options.max_concurrent or sweep.max_concurrent,
         root=reg.root,
         console=console,
     )
     _summary(console, sweep, outcome, uri)
-    if not getattr(args, "no_figures", False) and sweep.figures and outcome.interrupted == 0:
+    if options.figures and sweep.figures and outcome.interrupted == 0:
         _build_figures(console, reg, sweep, uri)
     return 0 if outcome.failed == 0 and outcome.interrupted == 0 else 1
 

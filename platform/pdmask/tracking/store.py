@@ -94,18 +94,36 @@ def open_client(uri: str | None = None):
     return client
 
 
-def ensure_experiment(client, name: str) -> str:
-    """The experiment id for a sweep, created with an explicit artifact folder when new."""
+# MLflow 3's UI opens an experiment in its GenAI (traces) view unless the experiment says it holds
+# model training; these are the tag key and value its UI reads and writes (mlflow 3.17).
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"  # the experiment's description in the UI
+
+
+def ensure_experiment(client, name: str, description: str | None = None) -> str:
+    """The experiment id for a sweep, created with an explicit artifact folder when new.
+
+    The experiment is tagged as model training (so the UI lands on its runs table) and carries
+    ``description``; both are set on existing experiments too, so older stores are fixed on the
+    next invocation.
+    """
+    tags = {EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND}
+    if description:
+        tags[DESCRIPTION_TAG] = description
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         if exp.lifecycle_stage == "deleted":
             client.restore_experiment(exp.experiment_id)
+        for key, value in tags.items():
+            if exp.tags.get(key) != value:
+                client.set_experiment_tag(exp.experiment_id, key, value)
         return exp.experiment_id
     artifacts = None
     if client.tracking_uri.startswith("sqlite:"):
         artifacts = (default_artifact_root() / name).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=artifacts)
+        return client.create_experiment(name, artifact_location=artifacts, tags=tags)
     except Exception:
         exp = client.get_experiment_by_name(name)  # created concurrently by another invocation
         if exp is None:

@@ -1,4 +1,9 @@
-"""Serve the MLflow UI over the project's store, on loopback, with one worker."""
+"""Serve the MLflow UI over the project's store: loopback only, one worker, no orphans.
+
+The server runs under :mod:`pdmask.process_group`, so it and its helpers go down with the process
+that started it, however that process ends (Ctrl-C, SIGTERM, SIGKILL). Its output goes to
+``<state>/ui/mlflow-server.log`` (a pipe nobody reads would fill up and stall the server).
+"""
 
 from __future__ import annotations
 
@@ -10,25 +15,46 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
-from pdmask.paths import default_artifact_root
+from pdmask.paths import default_artifact_root, state_dir
 from pdmask.tracking.store import open_client, resolve_tracking_uri
 
+LOOPBACK = "127.0.0.1"
+START_TIMEOUT_S = 120
+# pdmask runs no MLflow server jobs (GenAI scorers, prompt optimisation): without them the server
+# starts no job runner and no Huey consumers, 8 fewer processes.
+SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
-def free_port(host: str = "127.0.0.1") -> int:
+
+def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
+def runs_table_url(ui_url: str, experiment_id: str) -> str:
+    """The deep link to an experiment's runs table (MLflow 3 would open its traces view)."""
+    return f"{ui_url}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+
+
+def server_log() -> Path:
+    path = state_dir() / "ui" / "mlflow-server.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def start_ui(
-    uri: str | None = None, port: int | None = None, host: str = "127.0.0.1"
+    uri: str | None = None, port: int | None = None, host: str = LOOPBACK
 ) -> tuple[subprocess.Popen, str]:
-    """Start ``mlflow server`` (checked store, one worker); returns (process, url) once it answers."""
+    """Start ``mlflow server`` (checked store, one worker); returns (process, url) once it answers.
+
+    The process is the group's guard: stop it with :func:`stop_ui`.
+    """
     uri = resolve_tracking_uri(uri)
     open_client(uri)  # fail with a clear message before starting a server on a bad store
     port = port or free_port(host)
-    cmd = [
+    server = [
         sys.executable,
         "-m",
         "mlflow",
@@ -43,32 +69,52 @@ def start_ui(
         "1",
     ]
     if uri.startswith("sqlite:"):
-        cmd += ["--default-artifact-root", default_artifact_root().as_uri()]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
-    )
-    url = f"http://{host}:{port}"
-    deadline = time.time() + 90
+        server += ["--default-artifact-root", default_artifact_root().as_uri()]
+    guard = [sys.executable, "-m", "pdmask.process_group", str(os.getpid()), "--", *server]
+    log_path = server_log()
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(
+            guard,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, which it takes down when it stops
+            env={**os.environ, **SERVER_ENV},
+        )
+    url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    try:
+        _wait_until_serving(proc, url, log_path)
+    except BaseException:  # Ctrl-C or SIGTERM while it starts included: nothing is left running
+        stop_ui(proc)
+        raise
+    return proc, url
+
+
+def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path) -> None:
+    deadline = time.time() + START_TIMEOUT_S
     while time.time() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace")[-2000:]
-            raise RuntimeError(f"mlflow server exited with code {proc.returncode}:\n{err}")
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"mlflow server exited with code {proc.returncode}:\n{tail}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
                 if resp.status == 200:
-                    return proc, url
+                    return
         except OSError:
             time.sleep(0.5)
-    stop_ui(proc)
-    raise RuntimeError(f"mlflow server did not answer on {url} within 90 s")
+    raise RuntimeError(
+        f"mlflow server did not answer on {url} within {START_TIMEOUT_S} s (log: {log_path})"
+    )
 
 
-def stop_ui(proc: subprocess.Popen) -> None:
-    """Stop the server and its workers (its own process group, started by us)."""
+def stop_ui(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Stop the server and every process of its group (the guard waits for them)."""
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

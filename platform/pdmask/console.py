@@ -1,4 +1,8 @@
-"""Shared console output for CLI commands: rich tables that fit 100 columns, JSON for scripts."""
+"""Console output shared by the CLI and the orchestration: rich tables that fit 100 columns, JSON.
+
+It sits below both (it imports nothing of pdmask), so the runners print the same tables as the
+commands without importing the CLI.
+"""
 
 from __future__ import annotations
 

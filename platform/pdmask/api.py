@@ -1,0 +1,54 @@
+"""The library entry point: run a named sweep from a script or a notebook, no CLI involved.
+
+    import pdmask
+    result = pdmask.run_sweep("smoke", pdmask.SweepOptions(profile="smoke", figures=False))
+    result.ok, result.statuses()        # True, {trial hash: "done", ...}
+
+It does what `pdm sweep NAME` does (the command maps its flags onto ``SweepOptions`` and calls
+this): validate the whole grid (``ValidationFailed`` before anything launches), skip trials that
+already finished, train the rest on Ray, track them in MLflow, draw the figures. The project is
+found as the CLI finds it (``$PDM_PROJECT``, else the current folder or one above it), and the
+state folder is ``$PDM_HOME``, else ``<project>/.pdm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdmask.orchestration.options import SweepOptions
+from pdmask.registry import Trial, load_registry
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """How an invocation ended and where its runs are."""
+
+    sweep: str
+    exit_code: int  # 0: every trial finished; 1: some failed or were interrupted (rerun resumes)
+    tracking_uri: str
+    trials: tuple[Trial, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def statuses(self) -> dict[str, str]:
+        """done / failed / running / todo per trial hash, read from the tracking store now."""
+        from pdmask.tracking import TrialStatusIndex
+
+        index = TrialStatusIndex.open(self.tracking_uri, self.sweep)
+        return {t.trial_hash: index.status_of(t) for t in self.trials}
+
+
+def run_sweep(sweep: str, options: SweepOptions | None = None) -> SweepResult:
+    """Run every unfinished trial of the sweep named ``sweep`` (``sweeps/<sweep>.yaml``)."""
+    from pdmask.orchestration import run_sweep as run_trials
+    from pdmask.tracking import resolve_tracking_uri
+
+    options = options or SweepOptions()
+    reg = load_registry()
+    trials = reg.expand(
+        sweep, backend=options.backend, profile=options.profile, cluster=options.cluster
+    )
+    code = run_trials(reg, reg.sweep(sweep), trials, options)
+    return SweepResult(sweep, code, resolve_tracking_uri(options.tracking_uri), tuple(trials))

@@ -1,0 +1,73 @@
+"""Options several commands share, each declared once: its flag, environment variable and help.
+
+Use one as a parameter's annotation: ``tracking_uri: TrackingUri = None``. The value given on the
+command line wins over the environment variable, which wins over the default.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# Help panels of the commands, in the order `pdm --help` shows them.
+RUN, REGISTRY, RESULTS, DATA = "Run", "Registry", "Results", "Data"
+PANELS = (RUN, REGISTRY, RESULTS, DATA)
+# Help panels of options: the same heading for the same kind of option in every command.
+SERVICES = "Services and state"
+OUTPUT = "Output"
+
+
+def _use_state_dir(value: Path | None) -> Path | None:
+    # The state folder is read from $PDM_HOME everywhere (and by the processes pdmask starts).
+    if value is not None:
+        os.environ["PDM_HOME"] = str(value.expanduser().resolve())
+    return value
+
+
+TrackingUri = Annotated[
+    str | None,
+    typer.Option(
+        "--tracking-uri",
+        envvar="MLFLOW_TRACKING_URI",
+        show_envvar=True,
+        metavar="URI",
+        help="MLflow store (sqlite:///PATH or http(s)://HOST). Default: the sqlite store in the "
+        "state folder.",
+        rich_help_panel=SERVICES,
+    ),
+]
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        envvar="PDM_HOME",
+        show_envvar=True,
+        metavar="DIR",
+        callback=_use_state_dir,
+        file_okay=False,
+        help="Where pdmask writes (MLflow store, artifacts, checkpoints, caches, figures). "
+        "Default: <project>/.pdm.",
+        rich_help_panel=SERVICES,
+    ),
+]
+
+RayAddress = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        envvar="RAY_ADDRESS",
+        show_envvar=True,
+        metavar="URL",
+        help="Ray cluster to run on (VeRL trials: its job API, http://HEAD:8265). Default: an "
+        "embedded local Ray sized for this machine.",
+        rich_help_panel=SERVICES,
+    ),
+]
+
+Json = Annotated[
+    bool, typer.Option("--json", help="Machine-readable output.", rich_help_panel=OUTPUT)
+]

@@ -1,0 +1,46 @@
+"""How to run a sweep: the typed options a script, a notebook or the CLI hands the sweep runners.
+
+    from pdmask import SweepOptions, run_sweep
+    run_sweep("smoke", SweepOptions(profile="smoke", figures=False))
+
+Every field is optional: the defaults run the sweep as its file says, on an embedded Ray and the
+sqlite MLflow store of the state folder. `pdm sweep` maps its flags one to one onto these fields.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SweepOptions(BaseModel):
+    """Choices made per invocation; the sweep file holds everything that defines the trials."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    backend: str | None = Field(
+        None, description="Training backend for every trial; None = the sweep's own."
+    )
+    profile: str | None = Field(
+        None, description="Embedded-backend budget profile; None = the sweep's own."
+    )
+    cluster: str | None = Field(
+        None,
+        description="Cluster profile the resources and GPU-hours are planned for; None = the "
+        "sweep's own.",
+    )
+    tracking_uri: str | None = Field(
+        None,
+        description="MLflow store; None = $MLFLOW_TRACKING_URI, else the sqlite store in the "
+        "state folder.",
+    )
+    address: str | None = Field(
+        None,
+        description="Ray cluster to use (VeRL trials: its job API, http://HEAD:8265); None = "
+        "$RAY_ADDRESS where the runner reads it, else an embedded local Ray.",
+    )
+    max_concurrent: int | None = Field(
+        None, ge=1, description="Cap on trials running at once; None = the sweep's own."
+    )
+    figures: bool = Field(
+        True, description="Build the sweep's figures once every trial has finished."
+    )
