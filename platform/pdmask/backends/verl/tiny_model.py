@@ -126,7 +126,9 @@ def _warm_up(model, tokenizer, log) -> float:
         loss.backward()
         optimizer.step()
         if (step + 1) % 20 == 0:
-            log(f"  tiny model warm-up step {step + 1}/{SPEC['warmup_steps']}: loss {loss.item():.3f}")
+            log(
+                f"  tiny model warm-up step {step + 1}/{SPEC['warmup_steps']}: loss {loss.item():.3f}"
+            )
     model.eval()
     return float(loss.item())
 
