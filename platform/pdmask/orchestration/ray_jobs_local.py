@@ -18,6 +18,7 @@ trials to it as Ray Jobs exactly as to a cluster, and stops it when the sweep en
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -107,6 +108,16 @@ def stop_tree(pid: int, grace_s: float = 10.0) -> None:
             time.sleep(0.2)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _die_with_parent() -> None:
+    """In the head's process: SIGTERM when pdmask's process dies, even by SIGKILL (Linux)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class LocalRayHead:
     """A Ray head on loopback, started by pdmask and stopped by PID (a context manager)."""
 
@@ -117,11 +128,19 @@ class LocalRayHead:
         self.folder: Path | None = None
 
     def __enter__(self) -> LocalRayHead:
+        # SIGTERM/SIGHUP end the sweep like Ctrl-C, so the head is stopped on the way out.
+        self._handlers = {
+            sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)
+        }
         self.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            for sig, handler in self._handlers.items():
+                signal.signal(sig, handler)
 
     def env(self) -> dict[str, str]:
         """The environment of the head, hence of every Ray process and job it starts."""
@@ -155,6 +174,7 @@ class LocalRayHead:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own session: stopped as a whole, by PID
+                preexec_fn=_die_with_parent,
             )
         self.address = f"http://{LOOPBACK}:{ports['--dashboard-port']}"
         self.log(
@@ -176,14 +196,27 @@ class LocalRayHead:
                     f"the local Ray head exited ({self.process.returncode}):\n"
                     + log_path.read_text()[-3000:]
                 )
-            try:
-                with urllib.request.urlopen(f"{self.address}/api/version", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.5)
+            if self._node_ready():
+                return
+            time.sleep(0.5)
         raise ConfigError(
             f"the local Ray head's job API did not come up at {self.address} within "
             f"{START_TIMEOUT_S:.0f} s:\n" + log_path.read_text()[-3000:]
+        )
+
+    def _node_ready(self) -> bool:
+        """The job API answers and the head's node is registered with its logical GPUs."""
+        try:
+            with urllib.request.urlopen(f"{self.address}/api/version", timeout=2):
+                pass
+            from ray.util.state import list_nodes
+
+            nodes = list_nodes(address=self.address, detail=True, raise_on_missing_output=False)
+        except Exception:  # not up yet: connection refused, state API still starting
+            return False
+        return any(
+            n.state == "ALIVE" and (n.resources_total or {}).get("GPU", 0) >= self.num_gpus
+            for n in nodes
         )
 
     def stop(self) -> None:

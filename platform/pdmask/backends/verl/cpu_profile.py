@@ -43,7 +43,7 @@ CPU_OVERRIDES: dict[str, object] = {
     # Padding removal is written for FlashAttention's varlen kernels.
     "actor_rollout_ref.model.use_remove_padding": False,
     # vLLM's CPU platform has no sleep mode (verl's rollout config refuses it).
-    f"{_R}.enable_sleep_mode": False,
+    f"+{_R}.enable_sleep_mode": False,  # a dataclass field, absent from verl's rollout YAML
     f"{_R}.free_cache_engine": False,
     # No CUDA graphs on CPU; vLLM's eager mode.
     f"{_R}.enforce_eager": True,
@@ -56,7 +56,7 @@ CPU_SETUP = PaperSetup(
     train_batch_size=4,
     group_size=4,
     ppo_mini_batch_size=4,  # one update per rollout: step metrics are the first mini-batch's
-    max_prompt_length=16,
+    max_prompt_length=24,  # the ChatML prompt of "7+5=" is about 10 tokens
     max_response_length=8,
     learning_rate=1e-4,
     weight_decay=0.0,

@@ -7,7 +7,7 @@ Built on first use and cached in the state folder (``<state>/tiny/<key>/``), or 
 What it is:
 
 - a byte-level BPE tokenizer trained here with ``tokenizers`` on the task's own text (``tiny_task``),
-  saved as a Hugging Face fast tokenizer with a chat template verl can apply;
+  saved as a Hugging Face fast tokenizer with Qwen's ChatML template and special tokens;
 - a Qwen3-architecture config sized for two CPU cores (hidden 128, 2 layers, 4 query / 2 KV heads
   of width 32 -- a head size vLLM's CPU attention supports -- about 0.2 M parameters);
 - weights from a fixed seed, then a brief supervised warm-up on the task's answers, so that the
@@ -31,11 +31,17 @@ from pathlib import Path
 from pdmask.backends.verl import tiny_task
 from pdmask.paths import state_dir
 
-EOS = "<|endoftext|>"
-CHAT_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+# Qwen's ChatML tokens: verl's agent loop handles Qwen3 turns by ``<|im_end|>`` (and a one-token
+# newline), so the tiny model speaks ChatML like the real ones; a turn ends with ``<|im_end|>``.
+PAD = "<|endoftext|>"
+IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 # Everything the built model depends on; its hash names the cache folder.
 SPEC = {
-    "version": 1,
+    "version": 2,
     "tokenizer_vocab": 512,
     "config": {
         "vocab_size": 512,
@@ -51,7 +57,7 @@ SPEC = {
         "rope_theta": 10000.0,
     },
     "seed": 0,
-    "warmup_steps": 60,
+    "warmup_steps": 120,
     "warmup_lr": 3e-3,
 }
 MODEL_SUBDIR = "model"
@@ -76,12 +82,16 @@ def built_files(folder: Path | None = None) -> dict[str, Path]:
     }
 
 
+def _chat_prompt(prompt: str) -> str:
+    return f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n"
+
+
 def _corpus() -> list[str]:
-    return [p + tiny_task.response_text(a) for p, a in tiny_task.problems()]
+    return [_chat_prompt(p) + tiny_task.response_text(a) + IM_END for p, a in tiny_task.problems()]
 
 
 def train_tokenizer():
-    """A byte-level BPE fast tokenizer trained on the task's text, with an EOS and a chat template."""
+    """A byte-level BPE fast tokenizer trained on the task's text, with ChatML tokens."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -90,12 +100,13 @@ def train_tokenizer():
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=SPEC["tokenizer_vocab"],
-        special_tokens=[EOS],
+        special_tokens=[PAD, IM_START, IM_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus() * 4, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=EOS, pad_token=EOS)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=IM_END, pad_token=PAD)
+    fast.add_special_tokens({"additional_special_tokens": [IM_START]})
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
@@ -106,11 +117,13 @@ def _warm_up(model, tokenizer, log) -> float:
 
     rows = []
     for prompt, answer in tiny_task.problems():
-        p = tokenizer(prompt)["input_ids"]
+        messages = [{"role": "user", "content": prompt}]
+        p = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        p = tokenizer(p)["input_ids"]
         r = tokenizer(tiny_task.response_text(answer))["input_ids"] + [tokenizer.eos_token_id]
         rows.append((p, r))
     width = max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), width), tokenizer.eos_token_id, dtype=torch.long)
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     labels = torch.full_like(ids, -100)
     attention = torch.zeros_like(ids)
     for i, (p, r) in enumerate(rows):
@@ -144,9 +157,9 @@ def build(folder: Path, log=print) -> dict[str, Path]:
         raise RuntimeError(f"tokenizer has {len(tokenizer)} tokens > vocab {SPEC['config']}")
     config = Qwen3Config(
         **SPEC["config"],
-        bos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
         torch_dtype="float32",
     )
     torch.manual_seed(SPEC["seed"])

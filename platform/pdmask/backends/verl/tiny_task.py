@@ -25,7 +25,7 @@ def problems() -> list[tuple[str, str]]:
 
 def response_text(answer: str) -> str:
     """The completion the reward accepts (what the tiny model is briefly trained to write)."""
-    return f" Answer: {answer}"
+    return f"Answer: {answer}"
 
 
 def split(seed: int = 0, val_size: int = 16) -> tuple[list, list]:
