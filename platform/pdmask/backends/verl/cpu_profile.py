@@ -54,7 +54,7 @@ CPU_OVERRIDES: dict[str, object] = {
 
 CPU_SETUP = PaperSetup(
     train_batch_size=4,
-    group_size=4,
+    group_size=8,  # 8 samples per prompt: a group with mixed rewards is all but certain
     ppo_mini_batch_size=4,  # one update per rollout: step metrics are the first mini-batch's
     max_prompt_length=24,  # the ChatML prompt of "7+5=" is about 10 tokens
     max_response_length=8,

@@ -58,7 +58,7 @@ SPEC = {
     },
     "seed": 0,
     "warmup_steps": 120,
-    "warmup_lr": 3e-3,
+    "warmup_lr": 1e-2,
 }
 MODEL_SUBDIR = "model"
 DATA_SUBDIR = "data"
