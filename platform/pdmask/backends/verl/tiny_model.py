@@ -9,7 +9,7 @@ What it is:
 - a byte-level BPE tokenizer trained here with ``tokenizers`` on the task's own text (``tiny_task``),
   saved as a Hugging Face fast tokenizer with Qwen's ChatML template and special tokens;
 - a Qwen3-architecture config sized for two CPU cores (hidden 128, 2 layers, 4 query / 2 KV heads
-  of width 32 -- a head size vLLM's CPU attention supports -- about 0.2 M parameters);
+  of width 32 -- a head size vLLM's CPU attention supports -- about 0.36 M parameters);
 - weights from a fixed seed, then a brief supervised warm-up on the task's answers, so that the
   model writes ``Answer: N`` and gets some but not all sums right. Sampled at temperature 1 the
   rewards of a group then differ, so GRPO's advantages are not all zero: a smoke run that trains
