@@ -173,6 +173,9 @@ class LocalRayHead:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                # Jobs run in the head's folder: what verl writes relative to its working
+                # directory (Hydra's outputs/) goes away with the head, not into the project.
+                cwd=self.folder,
                 start_new_session=True,  # its own session: stopped as a whole, by PID
                 preexec_fn=_die_with_parent,
             )
