@@ -50,6 +50,7 @@ def main() -> int:
         gpu_memory_utilization=0.05,
         max_model_len=64,
         max_logprobs=k,
+        logprobs_mode="processed_logprobs",  # as verl starts it: after temperature / top-p
         seed=0,
     )
     tok = llm.get_tokenizer()
@@ -63,9 +64,15 @@ def main() -> int:
         n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=8, logprobs=k, seed=0
     )
     nucleus = SamplingParams(n=1, temperature=1.0, top_p=0.5, max_tokens=8, logprobs=k, seed=0)
+    # K = 1: the sampled token is often outside the top-K, which the peaked tiny model rarely
+    # shows at K = 20 (both cases must be seen)
+    single = SamplingParams(
+        n=2, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=8, logprobs=1, seed=0
+    )
     record = {
         "k": k,
         "plain": _completions(llm.generate(prompts, plain, use_tqdm=False)),
+        "single": _completions(llm.generate(prompts, single, use_tqdm=False)),
         "top_p": _completions(llm.generate(prompts[:20], nucleus, use_tqdm=False)),
     }
     try:

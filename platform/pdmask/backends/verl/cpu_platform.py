@@ -178,20 +178,28 @@ class PlatformCPU(PlatformBase):
 
 
 def init_process_group() -> None:
-    """The training processes' process group over gloo, as verl would create it on a GPU.
+    """The training processes' process group over gloo, bound to loopback.
 
     Called by pdmask's worker before verl's, whose default backend string would name ``cpu``
-    twice; verl then finds the group initialised and keeps it.
+    twice; verl then finds the group initialised and keeps it. torch's default rendezvous
+    (``env://``, a TCPStore) and gloo's transport listen on every interface; on one machine a
+    file store and gloo on ``lo`` need no socket beyond loopback.
     """
+    import tempfile
+
     import torch.distributed as dist
 
     if dist.is_initialized():
         return
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    # The same file for every rank of this group: verl gives them one MASTER_ADDR:MASTER_PORT.
+    name = (
+        f"pdmask-gloo-{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', 0)}"
+    )
+    world_size = int(os.environ.get("WORLD_SIZE", 1))
+    store = dist.FileStore(os.path.join(tempfile.gettempdir(), name), world_size)
     dist.init_process_group(
-        backend="gloo",
-        rank=int(os.environ.get("RANK", 0)),
-        world_size=int(os.environ.get("WORLD_SIZE", 1)),
-        init_method=os.environ.get("DIST_INIT_METHOD", None),
+        backend="gloo", store=store, rank=int(os.environ.get("RANK", 0)), world_size=world_size
     )
 
 
