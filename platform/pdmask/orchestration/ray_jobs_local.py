@@ -144,7 +144,9 @@ class LocalRayHead:
 
     def env(self) -> dict[str, str]:
         """The environment of the head, hence of every Ray process and job it starts."""
-        return {**os.environ, **RAY_ENV, **LOOPBACK_ENV}
+        # The jobs' `python3 -m verl...` must be this environment's Python, activated or not.
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        return {**os.environ, **RAY_ENV, **LOOPBACK_ENV, "PATH": path}
 
     def start(self) -> str:
         # Short: Ray's socket paths are length-capped.
