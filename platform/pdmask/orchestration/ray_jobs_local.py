@@ -146,7 +146,15 @@ class LocalRayHead:
         """The environment of the head, hence of every Ray process and job it starts."""
         # The jobs' `python3 -m verl...` must be this environment's Python, activated or not.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return {**os.environ, **RAY_ENV, **LOOPBACK_ENV, "PATH": path}
+        from pdmask.backends.verl.cpu_profile import STORE_DIR_ENV
+
+        return {
+            **os.environ,
+            **RAY_ENV,
+            **LOOPBACK_ENV,
+            "PATH": path,
+            STORE_DIR_ENV: str(self.folder),  # removed with the head
+        }
 
     def start(self) -> str:
         # Short: Ray's socket paths are length-capped.

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from verl.plugin.platform import PlatformBase, PlatformRegistry
 
-from pdmask.backends.verl.cpu_profile import PLATFORM_ENV, PLATFORM_NAME
+from pdmask.backends.verl.cpu_profile import PLATFORM_ENV, PLATFORM_NAME, STORE_DIR_ENV
 
 
 def selected() -> bool:
@@ -197,7 +197,9 @@ def init_process_group() -> None:
         f"pdmask-gloo-{os.environ.get('MASTER_ADDR', 'local')}-{os.environ.get('MASTER_PORT', 0)}"
     )
     world_size = int(os.environ.get("WORLD_SIZE", 1))
-    store = dist.FileStore(os.path.join(tempfile.gettempdir(), name), world_size)
+    # pdmask's local Ray head names its own folder, which goes away with it (STORE_DIR_ENV).
+    folder = os.environ.get(STORE_DIR_ENV) or tempfile.gettempdir()
+    store = dist.FileStore(os.path.join(folder, name), world_size)
     dist.init_process_group(
         backend="gloo", store=store, rank=int(os.environ.get("RANK", 0)), world_size=world_size
     )

@@ -21,6 +21,8 @@ from pdmask.backends.verl.jobs_setup import PaperSetup
 # The name verl's platform registry knows pdmask's CPU platform by, and the variable selecting it.
 PLATFORM_NAME = "pdmask-cpu"
 PLATFORM_ENV = "VERL_PLATFORM"
+# Where the training processes' gloo rendezvous file goes (default: the temporary folder).
+STORE_DIR_ENV = "PDM_GLOO_STORE_DIR"
 
 _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.rollout"
