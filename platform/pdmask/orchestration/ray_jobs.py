@@ -19,6 +19,10 @@ Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
    ``sweep.retries`` times; a job that SUCCEEDED whose run is not FINISHED is settled: FINISHED
    (tagged ``pdm.finished_by``) when the run has metrics, else a failed attempt.
 6. Ctrl-C detaches: the jobs keep running on the cluster; the same command attaches again.
+
+On a CPU cluster profile (``this-machine``) with no ``--address`` pdmask starts a Ray head on this
+machine's loopback for the sweep and stops it at the end (``ray_jobs_local``): the jobs are then
+stopped with it, and the next invocation resumes them from their checkpoints.
 """
 
 from __future__ import annotations
@@ -27,7 +31,13 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from pdmask.backends.verl.jobs import job_spec, submission_id, trial_resources
+from pdmask.backends.verl.jobs import (
+    job_spec,
+    on_cpu,
+    prepare_local_inputs,
+    submission_id,
+    trial_resources,
+)
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.console import table
 from pdmask.errors import ConfigError
@@ -40,7 +50,7 @@ from pdmask.orchestration.ray_jobs_checks import (
     warn_about_store,
 )
 from pdmask.orchestration.ray_jobs_cluster import JobCluster, JobView
-from pdmask.registry import Trial
+from pdmask.registry import CLUSTERS, Trial
 from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
 from pdmask.tracking.runs import with_retry
 
@@ -76,17 +86,17 @@ def run_job_sweep(
 ) -> int:
     """Run every unfinished trial of ``sweep`` as a Ray job; exit code 0 when all finished."""
     address = options.address or os.environ.get("RAY_ADDRESS")
-    if not address:
+    cluster_name = options.cluster or sweep.cluster
+    if not address and not on_cpu(cluster_name):
         raise ConfigError(
             "--backend verl submits Ray Jobs to a cluster: give --address http://HEAD:8265 "
-            "(or set RAY_ADDRESS)"
+            "(or set RAY_ADDRESS); only the CPU profile this-machine starts a Ray head here"
         )
     if sweep.search is not None:
         raise ConfigError(
             f"sweep {sweep.name} is a search: searches run on the embedded backend; on VeRL, "
             "list the points as a grid"
         )
-    cluster_name = options.cluster or sweep.cluster
     settings = JobSettings.from_env()
     overrides = build_all(sweep, trials, cluster_name, settings, reg)  # raises before any launch
     jobs = [
@@ -98,7 +108,36 @@ def run_job_sweep(
         )
         for t in trials
     ]
-    check_data(settings)
+    check_data(settings, cluster_name)
+    prepare_local_inputs(trials, log=console.print)
+    context = dict(client=client, uri=uri, experiment_id=experiment_id, tags=tags, console=console)
+    if address:
+        return _run_on(address, reg, sweep, trials, options, jobs, cluster_name, settings, **context)
+    from pdmask.orchestration.ray_jobs_local import LocalRayHead
+
+    with LocalRayHead(num_gpus=CLUSTERS[cluster_name].gpus, log=console.print) as head:
+        return _run_on(
+            head.address, reg, sweep, trials, options, jobs, cluster_name, settings, **context
+        )
+
+
+def _run_on(
+    address,
+    reg,
+    sweep,
+    trials,
+    options: SweepOptions,
+    jobs,
+    cluster_name,
+    settings,
+    *,
+    client,
+    uri,
+    experiment_id,
+    tags,
+    console,
+) -> int:
+    """The sweep's jobs on the Ray cluster at ``address``."""
     warn_about_store(uri, address, console)
 
     cluster = JobCluster(address)

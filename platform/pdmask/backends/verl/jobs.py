@@ -62,7 +62,19 @@ def parse_submission_id(sid: str) -> tuple[str, str, int] | None:
 def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
     """Nodes x GPUs of one trial on a cluster profile (whole nodes when it needs more than one)."""
     profile = CLUSTERS[cluster]
-    gpus = MODELS[trial.model].gpu_needs[profile.gpu_kind].gpus
+    need = MODELS[trial.model].gpu_needs.get(profile.gpu_kind)
+    if need is None:
+        raise ValidationFailed(
+            [
+                Problem(
+                    f"trial {trial.run_name()} ({trial.trial_hash})",
+                    "model",
+                    f"{trial.model} does not run on {cluster} ({profile.gpu_kind}); models that "
+                    f"do: {sorted(m for m, s in MODELS.items() if profile.gpu_kind in s.gpu_needs)}",
+                )
+            ]
+        )
+    gpus = need.gpus
     per_node = min(gpus, profile.gpus_per_node)
     nodes = math.ceil(gpus / per_node)
     return {"nodes": nodes, "gpus_per_node": per_node, "gpus": gpus, "gpu_kind": profile.gpu_kind}
@@ -89,25 +101,61 @@ def _resource_problems(trial: Trial, cluster: str, res: dict[str, Any]) -> list[
     return problems
 
 
+def on_cpu(cluster: str) -> bool:
+    """True for a cluster profile that runs VeRL on this machine's CPU cores."""
+    return CLUSTERS[cluster].device == "cpu"
+
+
 def _model_path(trial: Trial, settings: JobSettings) -> str:
+    if MODELS[trial.model].built_here:  # built before submission (``prepare_local_inputs``)
+        from pdmask.backends.verl.tiny_model import built_files
+
+        return str(built_files()["model"])
     hub_id = MODELS[trial.model].hub_id
     if settings.model_root:
         return f"{settings.model_root.rstrip('/')}/{hub_id.split('/')[-1]}"
     return hub_id
 
 
-def _data_files(settings: JobSettings) -> dict[str, Path]:
+def _data_files(settings: JobSettings, cluster: str) -> dict[str, Path]:
+    if on_cpu(cluster):  # the tiny model's own task (tiny_task), built with it
+        from pdmask.backends.verl.tiny_model import built_files
+
+        return built_files()
     from pdmask.backends.verl.data import prepared_files
 
     return prepared_files(settings.data_dir)
 
 
+def setup_for(cluster: str) -> PaperSetup:
+    """The training setup of a cluster profile's jobs: the paper's, or toy sizes on CPU."""
+    if on_cpu(cluster):
+        from pdmask.backends.verl.cpu_profile import CPU_SETUP
+
+        return CPU_SETUP
+    return PaperSetup()
+
+
+def prepare_local_inputs(trials: list[Trial], log=print) -> None:
+    """Build what the trials' jobs read that pdmask makes itself (the tiny model and its task),
+    before anything is submitted; nothing for the paper's models and data."""
+    if any(MODELS[t.model].built_here for t in trials):
+        from pdmask.backends.verl.tiny_model import ensure_built
+
+        ensure_built(log=log)
+
+
 def _trial_extra(
-    trial: Trial, sweep: Sweep, res: dict[str, Any], settings: JobSettings, setup: PaperSetup
+    trial: Trial,
+    sweep: Sweep,
+    res: dict[str, Any],
+    settings: JobSettings,
+    setup: PaperSetup,
+    cluster: str,
 ) -> dict[str, Any]:
     """Everything beyond the method: data, reward, setup, model placement, seed, steps."""
     model = MODELS[trial.model]
-    files = _data_files(settings)
+    files = _data_files(settings, cluster)
     checkpoints = settings.checkpoint_dir or state_dir() / "checkpoints" / "verl"
     seed = trial.seed
     extra: dict[str, Any] = {
@@ -158,6 +206,10 @@ def _trial_extra(
         extra[f"{_A}.clip_ratio_high"] = params.get("eps_high", 0.28)
     elif params.get("ratio_cap") is not None:
         extra[f"+{_A}.policy_loss.pdm_ratio_cap"] = float(params["ratio_cap"])
+    if on_cpu(cluster):
+        from pdmask.backends.verl.cpu_profile import CPU_OVERRIDES
+
+        extra.update(CPU_OVERRIDES)
     return extra
 
 
@@ -212,13 +264,13 @@ def trial_overrides(
 
 def _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_problems) -> list[str]:
     settings = settings or JobSettings.from_env()
-    setup = setup or PaperSetup()
+    setup = setup or setup_for(cluster)
     res = trial_resources(trial, cluster)
     problems = _resource_problems(trial, cluster, res) + _method_problems(trial) + recipe_problems
     if problems:
         raise ValidationFailed(problems)
     try:
-        generated = _generated(trial, sweep, res, settings, setup, file_recipe)
+        generated = _generated(trial, sweep, res, settings, setup, file_recipe, cluster)
     except ValidationFailed as err:  # name the trial: a sweep reports all of its trials at once
         where = f"trial {trial.run_name()} ({trial.trial_hash})"
         raise ValidationFailed([Problem(where, p.field, p.message) for p in err.problems]) from None
@@ -229,7 +281,7 @@ def _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_probl
     return kept + [f"{k}={v}" for k, v in site.items()]
 
 
-def _generated(trial, sweep, res, settings, setup, file_recipe) -> list[str]:
+def _generated(trial, sweep, res, settings, setup, file_recipe, cluster) -> list[str]:
     from pdmask.backends.verl.overrides import verl_overrides
 
     return verl_overrides(
@@ -243,7 +295,7 @@ def _generated(trial, sweep, res, settings, setup, file_recipe) -> list[str]:
         topk=int(trial.params.get("topk", 20)),
         experiment=sweep.name,
         run_name=trial.run_name(),
-        extra=_trial_extra(trial, sweep, res, settings, setup),
+        extra=_trial_extra(trial, sweep, res, settings, setup, cluster),
         file_recipe=file_recipe,
     )
 
@@ -256,12 +308,17 @@ def job_env_vars(
     attempt: int,
     sid: str,
     file_recipe=None,
+    cpu: bool = False,
 ) -> dict[str, str]:
     """The Ray job's environment: verl's plugin and MLflow run, the recipe file it carries (if
-    any), plus the trial's identity."""
+    any), the trial's identity, and on a CPU profile verl's CPU platform."""
     from pdmask.backends.verl.overrides import job_env
 
     env = job_env(tracking_uri=tracking_uri, run_id=run_id, file_recipe=file_recipe)
+    if cpu:
+        from pdmask.backends.verl.cpu_profile import CPU_ENV
+
+        env.update(CPU_ENV)
     env.update(
         {
             "PDM_TRIAL_HASH": trial.trial_hash,
@@ -301,6 +358,7 @@ def job_spec(
         attempt=attempt,
         sid=sid,
         file_recipe=file_recipe,
+        cpu=on_cpu(cluster),
     )
     return {
         "trial_hash": trial.trial_hash,

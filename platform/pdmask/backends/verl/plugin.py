@@ -30,7 +30,10 @@ from collections.abc import Callable
 
 from verl.trainer.ppo.core_algos import register_policy_loss
 
-from pdmask.backends.verl import compat
+from pdmask.backends.verl import (
+    compat,
+    cpu_platform,  # noqa: F401 (registers itself when a job selects it)
+)
 from pdmask.backends.verl.loss_names import pdm_loss_modes
 
 compat.check_version()

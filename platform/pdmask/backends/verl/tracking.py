@@ -53,6 +53,28 @@ def job_tags(config) -> dict[str, str]:
         "pdm.verl.trainer_dtype": str(
             config_value(config, "actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
         ),
+        **logprob_tags(config),
+    }
+
+
+def logprob_tags(config) -> dict[str, str]:
+    """What the behaviour log-probs mean in this run: which distribution mu is, at which K."""
+    rollout = "actor_rollout_ref.rollout"
+    mu_source = config_value(config, "actor_rollout_ref.actor.policy_loss.pdm_mu_source", "rollout")
+    return {
+        # vLLM's `processed_logprobs`: log_softmax of the logits after temperature (and after
+        # top-p/top-k, which the start-up checks refuse), i.e. the trainer's log_softmax(z / T).
+        "pdm.verl.logprobs_mode": str(config_value(config, f"{rollout}.logprobs_mode")),
+        "pdm.verl.temperature": str(config_value(config, f"{rollout}.temperature")),
+        "pdm.verl.top_p": str(config_value(config, f"{rollout}.top_p")),
+        "pdm.verl.top_k": str(config_value(config, f"{rollout}.top_k")),
+        "pdm.verl.topk": str(config_value(config, "actor_rollout_ref.actor.policy_loss.pdm_topk")),
+        "pdm.verl.mu": (
+            "vLLM decode-time top-K (processed log-probs) + the sampled token"
+            if mu_source == "rollout"
+            else "the trainer's old-policy forward: pi_old's top-K + the sampled token"
+        ),
+        "pdm.verl.device": str(config_value(config, "trainer.device")),
     }
 
 

