@@ -27,8 +27,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 def run_list(args: argparse.Namespace) -> int:
     reg = load_registry()
-    if reg.recipe_problems:
+    code = _list(args, reg)
+    if reg.recipe_problems:  # the valid ones are listed; the broken ones reported, exit 2
         raise ValidationFailed(reg.recipe_problems)
+    return code
+
+
+def _list(args: argparse.Namespace, reg) -> int:
     if args.json:
         print_json(
             [
@@ -40,6 +45,7 @@ def run_list(args: argparse.Namespace) -> int:
                     "proximity": r.proximity,
                     "direction": r.direction,
                     "custom_mask": r.mask is not None,
+                    "custom_loss": r.loss is not None,
                     "needs": list(r.needs),
                     "verl_loss": r.verl_name,
                     "file": str(reg.recipe_files[r.name]),
@@ -53,8 +59,8 @@ def run_list(args: argparse.Namespace) -> int:
     rows = [
         [
             r.name,
-            r.proximity or "(own mask)",
-            r.direction or "(own mask)",
+            r.proximity or ("(own mask)" if r.mask else "-"),
+            r.direction or ("(own mask)" if r.mask else "-"),
             ", ".join(r.needs) or "-",
             r.summary,
         ]

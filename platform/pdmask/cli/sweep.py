@@ -6,8 +6,10 @@ import argparse
 import os
 
 from pdmask.cli._output import console, print_json, table
+from pdmask.errors import ValidationFailed
 from pdmask.registry import CLUSTERS, load_registry, plan_rows
 from pdmask.registry.plan import concurrent_trials
+from pdmask.registry.recipe_check import check_recipes
 
 COMMAND = "sweep"
 
@@ -67,6 +69,9 @@ def _status_lookup(args, sweep_name):
 def run(args: argparse.Namespace) -> int:
     reg = load_registry()
     trials = reg.expand(args.name, backend=args.backend, profile=args.profile, cluster=args.cluster)
+    problems = check_recipes(reg.recipes, trials, defaults=False)  # run its recipes' code first
+    if problems:
+        raise ValidationFailed(problems)
     sweep = reg.sweep(args.name)
     cluster = args.cluster or sweep.cluster
     if args.dry_run:
