@@ -22,7 +22,9 @@ def project_recipes():
 def method(name: str, **params):
     """The recipe ``name`` with ``params`` (those it declares; defaults for the rest) bound."""
     recipe = project_recipes()[name]
-    resolved, errors = recipe.resolve_params({k: v for k, v in params.items() if k in recipe.params})
+    resolved, errors = recipe.resolve_params(
+        {k: v for k, v in params.items() if k in recipe.params}
+    )
     assert not errors, errors
     return recipe.method(resolved)
 
