@@ -1,0 +1,6 @@
+"""Fixtures of the recipe tests."""
+
+import contextlib
+
+with contextlib.suppress(ImportError):  # a job's carried recipe (the VeRL loss path); needs verl
+    from tests.verl.recipe_env import carried, carry  # noqa: F401
