@@ -59,22 +59,28 @@ def make_path(path: str):
             return loss
 
         return run
+    from pdmask.registry import load_registry
     from pdmask.trust_region import policy_loss
 
+    recipes = load_registry().recipes
+
+    def method(name: str, **params):
+        return recipes[name].method(recipes[name].resolve_params(params)[0])
+
     if path == "pdm-agg":
+        pdm_agg = method("pdm-agg", delta=0.15)
 
         def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
             return policy_loss(
-                "pdm-agg", logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
+                pdm_agg, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
             ).loss
 
         return run
     if path == "fused-logprob":
+        grpo = method("grpo-clip-higher")
 
         def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
-            return policy_loss(
-                "grpo-clip-higher", logits, sampled, None, None, mu_logp, adv, mask
-            ).loss
+            return policy_loss(grpo, logits, sampled, None, None, mu_logp, adv, mask).loss
 
         return run
     raise ValueError(path)

@@ -29,7 +29,7 @@ from pdmask.backends.sim import PROFILES, STAND_INS, SimTrialConfig, prepare_bas
 from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState
 from pdmask.backends.sim.trainer import evaluate, rl_step
-from pdmask.trust_region import method_mask
+from pdmask.registry import load_registry
 
 MAIN_FIGURE = [("tiny-4b", "bf16"), ("tiny-8b", "bf16"), ("tiny-30b-a3b", "fp8-e2e"),
                ("tiny-30b-a3b", "fp8-rollout")]  # fmt: skip
@@ -50,7 +50,8 @@ def bench_setting(stand_in: str, precision: str, args) -> dict:
         base_model="quick" if args.quick_base else "stand-in",
     )
     state = TrialState(cfg)
-    mask_fn = lambda stats, adv: method_mask("pdm-agg", stats, adv, delta=0.15)  # noqa: E731
+    pdm_agg = load_registry().recipes["pdm-agg"]
+    mask_fn = pdm_agg.method(pdm_agg.resolve_params({"delta": 0.15})[0])
     rl_step(state, mask_fn, 1)  # warm-up: first-call allocations
     cpu0, wall0 = _clock()
     tokens = 0.0

@@ -35,7 +35,7 @@ def main() -> None:
     from pdmask.orchestration.local_ray import connect
     from pdmask.orchestration.runner import execute
     from pdmask.paths import project_root
-    from pdmask.registry import Sweep, Trial
+    from pdmask.registry import Sweep, Trial, load_registry
     from pdmask.tracking import (
         ensure_experiment,
         open_client,
@@ -55,6 +55,7 @@ def main() -> None:
             sweep=sweep.name,
             method="pdm-agg",
             recipe_version=1,
+            recipe_source=load_registry().recipes["pdm-agg"].source,
             params={"delta": 0.15},
             model="qwen3-4b-base",
             precision="bf16",

@@ -12,7 +12,7 @@ from pdmask.registry.common_params import DELTA, RATIO_CAP, TOPK
 RECIPE = Recipe(
     name="dppo-topk-kl",
     display_name="DPPO top-K KL",
-    color="#1f77b4",
+    color="#0072B2",
     summary=__doc__.splitlines()[0],
     proximity="kl_topk",
     direction="ratio",

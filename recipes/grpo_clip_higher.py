@@ -12,7 +12,7 @@ from pdmask.registry.common_params import EPS_HIGH, EPS_LOW, RATIO_CAP
 RECIPE = Recipe(
     name="grpo-clip-higher",
     display_name="GRPO clip-higher",
-    color="#7f7f7f",
+    color="#6E6E6E",
     summary=__doc__.splitlines()[0],
     proximity="ratio",
     direction="ratio",

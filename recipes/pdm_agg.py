@@ -13,7 +13,7 @@ from pdmask.registry.common_params import DELTA, RATIO_CAP, TOPK
 RECIPE = Recipe(
     name="pdm-agg",
     display_name="PDM (agg. tail)",
-    color="#d62728",
+    color="#D55E00",
     summary=__doc__.splitlines()[0],
     proximity="kl_topk",
     direction="ddot_agg",

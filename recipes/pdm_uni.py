@@ -12,7 +12,7 @@ from pdmask.registry.common_params import DELTA, RATIO_CAP, TOPK
 RECIPE = Recipe(
     name="pdm-uni",
     display_name="PDM (uniform tail)",
-    color="#ff7f0e",
+    color="#009E73",
     summary=__doc__.splitlines()[0],
     proximity="kl_topk",
     direction="ddot_uni",

@@ -6,12 +6,14 @@ import pytest
 
 from pdmask.backends.dispatch import sim_config
 from pdmask.errors import ConfigError
-from pdmask.registry import Trial
+from pdmask.registry import Trial, load_registry
 
+PDM_AGG = load_registry().recipes["pdm-agg"]
 BASE = dict(
     sweep="s",
     method="pdm-agg",
     recipe_version=1,
+    recipe_source=PDM_AGG.source,
     params={"delta": 0.05, "topk": 12, "ratio_cap": 3.0},
     model="qwen3-30b-a3b-base",
     precision="fp8-e2e",

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pdmask.errors import ValidationFailed
 from pdmask.orchestration.options import SweepOptions
-from pdmask.registry import Trial, load_registry
+from pdmask.registry import Registry, Trial, load_registry
 
 
 @dataclass(frozen=True)
@@ -47,8 +48,20 @@ def run_sweep(sweep: str, options: SweepOptions | None = None) -> SweepResult:
 
     options = options or SweepOptions()
     reg = load_registry()
+    trials = plan(reg, sweep, options)
+    code = run_trials(reg, reg.sweep(sweep), trials, options)
+    return SweepResult(sweep, code, resolve_tracking_uri(options.tracking_uri), tuple(trials))
+
+
+def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:
+    """The sweep's trials, after its recipes' code ran on synthetic batches of each backend's
+    layout (``registry.recipe_check``). Raises ``ValidationFailed`` with every problem at once."""
+    from pdmask.registry.recipe_check import check_recipes
+
     trials = reg.expand(
         sweep, backend=options.backend, profile=options.profile, cluster=options.cluster
     )
-    code = run_trials(reg, reg.sweep(sweep), trials, options)
-    return SweepResult(sweep, code, resolve_tracking_uri(options.tracking_uri), tuple(trials))
+    problems = check_recipes(reg.recipes, trials, defaults=False)
+    if problems:
+        raise ValidationFailed(problems)
+    return trials

@@ -2,7 +2,9 @@
 
     PdmError                      base class; ``exit_code`` is what the CLI exits with
     ├── ConfigError               bad user input (recipes, sweeps, flags); exit 2; never retried
-    │   └── ValidationFailed      many problems found at once (``.problems``), each naming file+field
+    │   ├── ValidationFailed      many problems found at once (``.problems``), each naming file+field
+    │   └── RecipeError           a recipe's own code failed or broke its contract (``.problem``:
+    │                             its file, hook and line); at training time too, never retried
     ├── TrackingError             the MLflow store cannot be read or is incompatible; exit 2
     ├── BackendUnavailable        a backend's optional dependencies are missing; exit 2
     └── TrialFailed               a trial crashed (killed, OOM, NaN loss); retried by the sweep runner
@@ -50,6 +52,17 @@ class ValidationFailed(ConfigError):
         lines = [f"{len(self.problems)} problem(s) found, nothing was launched:"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
+
+
+class RecipeError(ConfigError):
+    """A recipe's mask or loss raised, or returned what the recipe contract does not allow.
+
+    A bug in the recipe's file, not a crash of the trial: retrying would fail the same way.
+    """
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        super().__init__(f"recipe {problem}")
 
 
 class TrackingError(PdmError):

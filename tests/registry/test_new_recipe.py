@@ -7,7 +7,7 @@ import json
 import torch
 
 from pdmask.registry import load_registry
-from pdmask.trust_region import compute_token_stats
+from pdmask.trust_region import apply_method, composed_mask, compute_token_stats
 
 from .conftest import pdm
 
@@ -19,9 +19,9 @@ A method that exists nowhere else in pdmask: it brings its own per-token mask.
 from pdmask.registry import Param, Recipe
 
 
-def hard_region_mask(stats, advantages, params):
+def hard_region_mask(batch):
     # Outside the region and carrying a learning signal: zero the gradient, no direction test.
-    return (stats.kl_topk > params["delta"]) & (advantages != 0)
+    return (batch.stats.kl_topk > batch.params["delta"]) & (batch.advantages != 0)
 
 
 RECIPE = Recipe(
@@ -30,7 +30,7 @@ RECIPE = Recipe(
     color="#000000",
     summary=__doc__.splitlines()[0],
     mask=hard_region_mask,
-    params={"delta": Param(default=0.1, ge=1e-6, description="Trust-region size.")},
+    params={"delta": Param(default=0.1, ge=1e-6, role="delta", description="Trust-region size.")},
     needs=("behaviour_topk",),
 )
 '''
@@ -64,13 +64,12 @@ def test_dropped_in_recipe_is_listed_and_planned(project):
     sampled = ids[:, 0]
     stats = compute_token_stats(logits, sampled, ids, lp, lp[:, 0])
     adv = torch.randn(50, generator=g, dtype=torch.float64)
-    mask = recipe.mask_fn({"delta": 0.2})(stats, adv)
+    valid = torch.ones(50, dtype=torch.bool)
+    mask = apply_method(recipe.method({"delta": 0.2}), stats, adv, valid, backend="math").mask
     assert torch.equal(mask, (stats.kl_topk > 0.2) & (adv != 0))
 
 
 def test_composed_recipe_mask_matches_math_api():
-    from pdmask.trust_region import method_mask
-
     reg = load_registry()
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(64, 40, generator=g, dtype=torch.float64) * 3
@@ -79,8 +78,15 @@ def test_composed_recipe_mask_matches_math_api():
     )
     stats = compute_token_stats(logits, ids[:, 1], ids, lp, lp[:, 1])
     adv = torch.randn(64, generator=g, dtype=torch.float64)
-    for name, recipe in reg.recipes.items():
+    valid = torch.ones(64, dtype=torch.bool)
+    composed = [r for r in reg.recipes.values() if r.proximity is not None]
+    assert len(composed) >= 9
+    for recipe in composed:
         params, errors = recipe.resolve_params({"delta": 0.05} if recipe.uses_delta else {})
         assert not errors
-        expected = method_mask(name, stats, adv, delta=params.get("delta"))
-        assert torch.equal(recipe.mask_fn(params)(stats, adv), expected), name
+        kwargs = {"delta": params.get("delta")}
+        if recipe.role_param("clip_low"):
+            kwargs.update(eps_low=params["eps_low"], eps_high=params["eps_high"])
+        expected = composed_mask(recipe.proximity, recipe.direction, stats, adv, **kwargs)
+        got = apply_method(recipe.method(params), stats, adv, valid, backend="math").mask
+        assert torch.equal(got, expected), recipe.name

@@ -8,11 +8,14 @@ import sys
 import pytest
 
 from pdmask.registry import Trial, load_registry
+from pdmask.registry.recipe_files import RecipeSource
 
+PDM_AGG = (load_registry().root / "recipes" / "pdm_agg.py").read_text()
 BASE = dict(
     sweep="s",
     method="pdm-agg",
     recipe_version=1,
+    recipe_source=RecipeSource.of("pdm_agg.py", PDM_AGG),
     params={"delta": 0.15, "topk": 20, "ratio_cap": None},
     model="qwen3-4b-base",
     precision="bf16",
@@ -55,6 +58,7 @@ def test_hash_is_stable_across_processes():
         {"profile": "full"},
         {"steps": 10},
         {"mu_source": "recompute"},
+        {"recipe_source": RecipeSource.of("pdm_agg.py", PDM_AGG.replace("ddot_agg", "ddot_uni"))},
     ],
 )
 def test_every_semantic_field_changes_the_hash(change):
@@ -63,6 +67,8 @@ def test_every_semantic_field_changes_the_hash(change):
 
 def test_cosmetic_fields_do_not():
     assert Trial(**{**BASE, "sweep": "other"}).trial_hash == Trial(**BASE).trial_hash
+    renamed = RecipeSource.of("renamed.py", PDM_AGG + "\n# a comment\n")
+    assert Trial(**{**BASE, "recipe_source": renamed}).trial_hash == Trial(**BASE).trial_hash
     assert (
         Trial(**{**BASE, "params": dict(reversed(list(BASE["params"].items())))}).trial_hash
         == Trial(**BASE).trial_hash

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pdmask.backends.sim import build_analysis_setup
-from pdmask.trust_region import method_mask
+from tests.methods import mask_of
 
 
 def test_setup_carries_everything_the_math_api_needs(smoke_config):
@@ -36,7 +36,7 @@ def test_stale_updates_move_pi_away_from_mu_and_update_applies_a_mask(learned_ba
     assert torch.equal(fresh.batch.generation.responses, stale.batch.generation.responses)
 
     stats = fresh.stats(fresh.logits())
-    mask = method_mask("pdm-agg", stats, fresh.advantages, delta=0.15)
+    mask = mask_of("pdm-agg", stats, fresh.advantages, fresh.valid, delta=0.15)
     before = [p.detach().clone() for p in fresh.trainer.parameters()]
     fresh.update(mask)
     after = list(fresh.trainer.parameters())

@@ -15,7 +15,7 @@ TRIAL = """
 import json, os, sys, time
 from pathlib import Path
 from pdmask.backends.sim import SimTrialConfig, train_trial
-from pdmask.trust_region import method_mask
+from pdmask.registry import load_registry
 
 workdir, cache, report_file, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 cfg = SimTrialConfig(stand_in="tiny-4b", precision="fp8-rollout", profile="smoke", seed=3,
@@ -28,7 +28,8 @@ def reporter(step, metrics):
         os.fsync(f.fileno())
     time.sleep(pause)  # a slow tracking server: leaves time to kill the trial mid-run
 
-train_trial(cfg, mask_fn=lambda s, a: method_mask("pdm-agg", s, a, delta=0.15),
+pdm_agg = load_registry().recipes["pdm-agg"]
+train_trial(cfg, mask_fn=pdm_agg.method(pdm_agg.resolve_params({"delta": 0.15})[0]),
             reporter=reporter, workdir=Path(workdir))
 """
 TIMING = {"perf/tokens_per_s"}

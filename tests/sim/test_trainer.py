@@ -9,7 +9,9 @@ import torch
 
 from pdmask.backends.sim import EVAL_METRIC, train_trial
 from pdmask.errors import TrialFailed
-from pdmask.trust_region import METHODS, method_mask
+from pdmask.trust_region import Method
+from tests.methods import method as recipe_method
+from tests.methods import project_recipes
 
 PER_STEP = [
     "critic/score/mean",
@@ -31,15 +33,11 @@ PER_STEP = [
 TIMING = {"perf/tokens_per_s", "sim/wall_s"}  # wall-clock: varies run to run
 
 
-def mask_of(method: str, delta: float = 0.15):
-    return lambda stats, adv: method_mask(method, stats, adv, delta=delta)
-
-
 def run(cfg, tmp_path, method="pdm-agg", **kwargs):
     reports: list[tuple[int, dict]] = []
     final = train_trial(
         cfg,
-        mask_fn=mask_of(method),
+        mask_fn=recipe_method(method, delta=0.15),
         reporter=lambda step, metrics: reports.append((step, dict(metrics))),
         workdir=tmp_path,
         **kwargs,
@@ -73,7 +71,7 @@ def test_same_seed_same_trial_other_seed_other_trial(smoke_config, tmp_path):
     assert first != metrics(6, "c")
 
 
-@pytest.mark.parametrize("method", sorted(METHODS))
+@pytest.mark.parametrize("method", sorted(project_recipes()))
 def test_every_method_trains(method, learned_base_config, tmp_path):
     from pdmask.backends.sim.state import TrialState
 
@@ -88,12 +86,17 @@ def test_every_method_trains(method, learned_base_config, tmp_path):
 
 
 def test_non_finite_loss_fails_the_trial(smoke_config, tmp_path):
-    def poisoned(stats, adv):
-        stats.logp.data.fill_(math.nan)  # as if the forward had overflowed
-        return torch.zeros_like(adv, dtype=torch.bool)
+    def poisoned(batch):
+        batch.log_prob.data.fill_(math.nan)  # as if the forward had overflowed
+        return torch.zeros_like(batch.response_mask)
 
     with pytest.raises(TrialFailed, match="non-finite"):
-        train_trial(smoke_config(), mask_fn=poisoned, reporter=lambda *a: None, workdir=tmp_path)
+        train_trial(
+            smoke_config(),
+            mask_fn=Method("poisoned", mask=poisoned),
+            reporter=lambda *a: None,
+            workdir=tmp_path,
+        )
 
 
 def test_should_stop_checkpoints_and_a_rerun_continues(smoke_config, tmp_path):

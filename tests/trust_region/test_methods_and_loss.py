@@ -1,4 +1,4 @@
-"""Masks of every method, the loss's logit gradient, and verl's aggregation modes."""
+"""Masks of every method (its recipe), the loss's logit gradient, and verl's aggregation modes."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import torch
 
 from pdmask.trust_region import (
     AGG_MODES,
-    METHODS,
+    Method,
     aggregate_loss,
+    apply_method,
+    composed_mask,
     compute_token_stats,
     diagnostics,
-    method_mask,
     per_token_loss,
     policy_loss,
 )
+from tests.methods import mask_of, method, project_recipes
 
 from .cases import make_case
 from .reference import token_reference
@@ -66,8 +68,8 @@ def near_threshold(ref: dict, delta: float) -> bool:
     )
 
 
-def test_every_paper_method_is_registered():
-    assert set(METHODS) >= PAPER_METHODS
+def test_every_paper_method_is_a_recipe():
+    assert set(project_recipes()) >= PAPER_METHODS
 
 
 @pytest.mark.parametrize("seed", range(60))
@@ -77,7 +79,7 @@ def test_masks_match_brute_force_rules(seed):
     stats = compute_token_stats(
         case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
     )
-    masks = {name: method_mask(name, stats, case.advantages, delta=delta) for name in PAPER_METHODS}
+    masks = {name: mask_of(name, stats, case.advantages, delta=delta) for name in PAPER_METHODS}
     for row in range(case.logits.shape[0]):
         ref = token_reference(
             case.logits[row],
@@ -103,18 +105,18 @@ def test_predictive_masks_differ_from_baseline_only_in_direction():
     )
     inside = stats.kl_topk <= 0.15
     for name in ("dppo-topk-kl", "pdm-agg", "pdm-uni", "pdm-bucket"):
-        assert not method_mask(name, stats, case.advantages, delta=0.15)[inside].any()
+        assert not mask_of(name, stats, case.advantages, delta=0.15)[inside].any()
 
 
-def test_delta_is_required_for_divergence_methods():
+def test_delta_is_required_for_divergence_tests():
     case = make_case(1)
     stats = compute_token_stats(
         case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
     )
     with pytest.raises(ValueError, match="delta"):
-        method_mask("pdm-agg", stats, case.advantages)
+        composed_mask("kl_topk", "ddot_agg", stats, case.advantages)
     with pytest.raises(KeyError, match="known"):
-        method_mask("pdm-nope", stats, case.advantages, delta=0.1)
+        composed_mask("kl_nope", "ddot_agg", stats, case.advantages, delta=0.1)
 
 
 @pytest.mark.parametrize("method", sorted(PAPER_METHODS))
@@ -124,7 +126,7 @@ def test_loss_logit_gradient(method, cap):
     case = make_case(11, n=16, vocab=40, k=5)
     z = case.logits.clone().requires_grad_(True)
     stats = compute_token_stats(z, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
-    mask = method_mask(method, stats, case.advantages, delta=0.05)
+    mask = mask_of(method, stats, case.advantages, delta=0.05)
     loss = per_token_loss(stats.logp, stats.mu_logp, case.advantages, mask, ratio_cap=cap)
     loss.sum().backward()
     pi = torch.softmax(case.logits, -1)
@@ -134,13 +136,22 @@ def test_loss_logit_gradient(method, cap):
     expected = (-(~mask).double() * weight * case.advantages)[:, None] * (onehot - pi)
     torch.testing.assert_close(z.grad, expected, rtol=1e-9, atol=1e-12)
     torch.testing.assert_close(loss.detach(), -(~mask).double() * weight * case.advantages)
+    # The default loss hook, through the one call every backend makes, is the same loss.
+    z.grad = None
+    stats = compute_token_stats(z, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    masked = Method("masked", mask=lambda batch: mask.clone(), ratio_cap=cap)
+    valid = torch.ones_like(mask)
+    out = apply_method(masked, stats, case.advantages, valid, backend="math")
+    out.token_loss.sum().backward()
+    torch.testing.assert_close(z.grad, expected, rtol=1e-9, atol=1e-12)
+    assert out.token_loss.dtype == torch.float64  # float64 stays float64
 
 
 def test_bf16_gradient_flows_in_logits_dtype():
     case = make_case(2, n=10, vocab=64, k=5)
     z = case.logits.to(torch.bfloat16).requires_grad_(True)
     res = policy_loss(
-        "pdm-agg",
+        method("pdm-agg", delta=0.05),
         z,
         case.sampled,
         case.topk_ids,
@@ -199,7 +210,7 @@ def test_micro_batches_with_global_info_equal_whole_batch(mode):
     def run(rows, **info):
         z = case.logits.view(6, 4, 50)[rows].clone().requires_grad_(True)
         res = policy_loss(
-            "pdm-uni",
+            method("pdm-uni", delta=0.05),
             z,
             case.sampled.view(shape)[rows],
             case.topk_ids.view(6, 4, 5)[rows],
@@ -226,9 +237,9 @@ def test_diagnostics_count_disagreements():
     stats = compute_token_stats(
         case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
     )
-    mask = method_mask("pdm-agg", stats, case.advantages, delta=0.05)
+    mask = mask_of("pdm-agg", stats, case.advantages, delta=0.05)
     d = diagnostics(stats, case.advantages, mask, delta=0.05)
-    baseline = method_mask("dppo-topk-kl", stats, case.advantages, delta=0.05)
+    baseline = mask_of("dppo-topk-kl", stats, case.advantages, delta=0.05)
     assert math.isclose(d["disagree_agg"], float((mask != baseline).double().mean()), rel_tol=1e-12)
     assert math.isclose(d["masked_frac"], float(mask.double().mean()), rel_tol=1e-12)
     assert 0 < d["out_of_region_frac"] <= 1
@@ -245,7 +256,7 @@ def test_no_float32_copy_of_the_logits():
     sampled = topk_ids[:, 0].clone()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         res = policy_loss(
-            "pdm-agg",
+            method("pdm-agg", delta=0.1),
             z,
             sampled,
             topk_ids,

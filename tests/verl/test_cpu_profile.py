@@ -23,6 +23,7 @@ from omegaconf import open_dict  # noqa: E402
 from pdmask.backends.verl.checks import check_job_config, config_problems  # noqa: E402
 from pdmask.backends.verl.cpu_profile import CPU_ENV, CPU_OVERRIDES  # noqa: E402
 from pdmask.backends.verl.cpu_setup import alias_version, build_alias_wheel  # noqa: E402
+from pdmask.backends.verl.file_recipes import ENV_VAR  # noqa: E402
 from pdmask.backends.verl.jobs import job_spec  # noqa: E402
 from pdmask.errors import ValidationFailed  # noqa: E402
 from pdmask.registry import load_registry  # noqa: E402
@@ -47,7 +48,7 @@ def _overrides(spec) -> dict[str, str]:
     return dict(o.split("=", 1) for o in spec["overrides"])
 
 
-def test_cpu_jobs_compose_validate_and_pass_the_startup_checks(registry):
+def test_cpu_jobs_compose_validate_and_pass_the_startup_checks(registry, carried):
     """Each verl-smoke job is accepted by verl 0.9.1's own config code as generated."""
     trials = registry.expand("verl-smoke", backend="verl")
     assert {(t.method, t.mu_source) for t in trials} == {
@@ -61,6 +62,7 @@ def test_cpu_jobs_compose_validate_and_pass_the_startup_checks(registry):
                 trial, registry.sweep("verl-smoke"), cluster="this-machine", tracking_uri="x"
             )
             assert spec["runtime_env"]["env_vars"].items() >= CPU_ENV.items()
+            carried(spec["runtime_env"]["env_vars"][ENV_VAR])  # what the job's workers see
             config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
             _validated(config)
             assert config_problems(config) == []
@@ -88,8 +90,9 @@ def test_a_paper_model_is_refused_on_the_cpu_profile(registry):
     assert "qwen3-tiny" in str(err.value) and "this-machine" in str(err.value)
 
 
-def test_startup_checks_refuse_truncation_and_a_low_logprob_cap(registry):
+def test_startup_checks_refuse_truncation_and_a_low_logprob_cap(registry, carried):
     spec = _spec(registry, "verl-smoke", "this-machine", method="pdm-agg", mu_source="rollout")
+    carried(spec["runtime_env"]["env_vars"][ENV_VAR])
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
         config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
     with open_dict(config):

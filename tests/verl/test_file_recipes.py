@@ -1,4 +1,4 @@
-"""A recipe file the math API does not know trains on VeRL: the job carries it to every worker."""
+"""A recipe file trains on VeRL: the job carries it (as planned) to every worker."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.verl
 import torch  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
-from pdmask.backends.verl import file_recipes, plugin  # noqa: E402
+from pdmask.backends.verl import plugin  # noqa: E402
 from pdmask.backends.verl.config import PDMPolicyLossConfig  # noqa: E402
 from pdmask.backends.verl.file_recipes import ENV_VAR, FileRecipe  # noqa: E402
 from pdmask.backends.verl.jobs import job_specs  # noqa: E402
@@ -47,22 +47,6 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.fixture
-def carried(monkeypatch):
-    """Set a job's PDM_FILE_RECIPES in this process (what a worker of that job sees)."""
-
-    def set_env(value: str) -> None:
-        monkeypatch.setenv(ENV_VAR, value)
-        file_recipes.declared.cache_clear()
-        file_recipes.load.cache_clear()
-        plugin.register_losses()
-
-    yield set_env
-    monkeypatch.delenv(ENV_VAR, raising=False)
-    file_recipes.declared.cache_clear()
-    file_recipes.load.cache_clear()
-
-
 def specs_of(project):
     reg = load_registry(project)
     sweep = reg.sweep("hard")
@@ -88,13 +72,14 @@ def test_job_of_a_new_recipe_carries_its_file_and_verl_accepts_the_config(projec
     for trial in reg.expand("hard", backend="verl"):
         by_method[trial.method] = specs[trial.trial_hash]
     new, builtin = by_method["hard-topk-kl"], by_method["pdm-agg"]
-    assert (
-        ENV_VAR not in builtin["runtime_env"]["env_vars"]
-    )  # the math API's methods travel as names
+    # Every method travels as its recipe file, the project's own included.
+    shipped = json.loads(builtin["runtime_env"]["env_vars"][ENV_VAR])["pdm_agg"]
+    assert shipped["source"] == (project / "recipes" / "pdm_agg.py").read_text()
     env = new["runtime_env"]["env_vars"]
     entry = json.loads(env[ENV_VAR])[LOSS_MODE]
     assert entry["source"] == NEW_RECIPE and entry["name"] == "hard-topk-kl"
     assert entry["params"]["delta"] == 0.05 and entry["uses_delta"] is True
+    assert entry["precision"] == "bf16" and entry["native"] is False
     kv = _kv(new["overrides"])
     assert kv["actor_rollout_ref.actor.policy_loss.loss_mode"] == LOSS_MODE
     assert kv["actor_rollout_ref.actor.policy_loss.pdm_delta"] == "0.05"
@@ -127,11 +112,7 @@ def test_a_recipe_needing_what_verl_cannot_supply_is_refused_before_any_job(proj
 
 def test_plain_import_verl_in_a_job_process_registers_the_carried_loss(project):
     specs, _ = specs_of(project)
-    env_value = next(
-        s["runtime_env"]["env_vars"][ENV_VAR]
-        for s in specs.values()
-        if ENV_VAR in s["runtime_env"]["env_vars"]
-    )
+    env_value = specs["hard"]["runtime_env"]["env_vars"][ENV_VAR]
     code = (
         "import verl, json\n"
         "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"
@@ -147,15 +128,15 @@ def test_plain_import_verl_in_a_job_process_registers_the_carried_loss(project):
         assert proc.returncode == 0, proc.stderr[-3000:]
         line = next(x for x in proc.stdout.splitlines() if x.startswith("LOSSES"))
         found[label] = set(json.loads(line[len("LOSSES") :]))
-    assert LOSS_MODE in found["job"] and "pdm_agg" in found["job"]
-    assert LOSS_MODE not in found["plain"]
+    assert LOSS_MODE in found["job"] and "pdm_agg" not in found["job"]  # its job's recipe only
+    assert LOSS_MODE not in found["plain"] and "vanilla" in found["plain"]
 
 
 def test_carried_recipe_loss_and_gradient_equal_the_math_api_with_its_mask(project, carried):
     reg = load_registry(project)
     recipe = reg.recipes["hard-topk-kl"]
     delta = 0.05
-    fr = FileRecipe.of(recipe, reg.recipe_files["hard-topk-kl"], {"delta": 0.3})
+    fr = FileRecipe.of(recipe, {"delta": 0.3})
     carried(fr.env()[ENV_VAR])  # the job's pdm_delta (0.05) wins over the carried parameter
     config = ActorConfig(
         strategy="fsdp",
@@ -171,7 +152,7 @@ def test_carried_recipe_loss_and_gradient_equal_the_math_api_with_its_mask(proje
     verl_grad = batch.leaf.grad.clone()
     batch.leaf.grad = None
 
-    ref = math_api_step(batch, recipe.mask_fn({"delta": delta}))
+    ref = math_api_step(batch, recipe.method({"delta": delta}))
     torch.testing.assert_close(loss, ref.loss.detach(), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(verl_grad, batch.leaf.grad, rtol=1e-5, atol=1e-7)
     masked = ref.metrics["masked_frac"]

@@ -1,4 +1,7 @@
-"""pdmask's losses through verl's own loss path (``ppo_loss`` on nested TensorDicts) equal the math API."""
+"""pdmask's losses through verl's own loss path (``ppo_loss`` on nested TensorDicts) equal the math API.
+
+Each method is the recipe its job carries (``recipe_env.carry``), as on every worker of a job.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +19,10 @@ from verl.workers.utils.losses import ppo_loss  # noqa: E402
 
 from pdmask.backends.verl.config import PDMPolicyLossConfig  # noqa: E402
 from pdmask.backends.verl.loss import pdm_ppo_loss  # noqa: E402
-from pdmask.backends.verl.loss_names import verl_loss_name  # noqa: E402
-from pdmask.backends.verl.overrides import GRPO_CLIP  # noqa: E402
-from pdmask.trust_region import policy_loss  # noqa: E402
+from pdmask.backends.verl.overrides import NATIVE_DUAL_CLIP_OFF  # noqa: E402
+from pdmask.trust_region import Method, policy_loss  # noqa: E402
+from tests.methods import method as recipe_method  # noqa: E402
+from tests.methods import project_recipes  # noqa: E402
 
 from .batches import engine_forward, make_batch, micro_batch, response_frame  # noqa: E402
 
@@ -27,7 +31,7 @@ DELTA = 0.05
 
 
 def actor_config(
-    method: str, agg_mode: str = "token-mean", delta: float = DELTA, **pdm
+    loss_mode: str, agg_mode: str = "token-mean", delta: float | None = DELTA, **pdm
 ) -> ActorConfig:
     return ActorConfig(
         strategy="fsdp",
@@ -35,7 +39,7 @@ def actor_config(
         ppo_micro_batch_size_per_gpu=1,
         loss_agg_mode=agg_mode,
         policy_loss=PDMPolicyLossConfig(
-            loss_mode=verl_loss_name(method), pdm_delta=delta, pdm_topk=5, pdm_chunk_size=7, **pdm
+            loss_mode=loss_mode, pdm_delta=delta, pdm_topk=5, pdm_chunk_size=7, **pdm
         ),
     )
 
@@ -50,7 +54,11 @@ def verl_step(batch, indices, config, **non_tensor):
     return loss, metrics
 
 
-def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **extra):
+def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **params):
+    """The math API's ``policy_loss`` on the same samples; ``method`` a recipe name (with its
+    ``params``, delta included) or a ``Method``."""
+    if not isinstance(method, Method):
+        method = recipe_method(method, delta=delta, **params)
     frame = response_frame(batch, ALL)
     result = policy_loss(
         method,
@@ -63,7 +71,6 @@ def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **extra):
         frame.valid,
         delta=delta,
         loss_agg_mode=agg_mode,
-        **extra,
     )
     result.loss.backward()
     return result
@@ -80,9 +87,10 @@ def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **extra):
         ("pdm-tv", "token-mean", DELTA),
     ],
 )
-def test_loss_and_gradient_equal_math_api(method, agg_mode, delta):
+def test_loss_and_gradient_equal_math_api(method, agg_mode, delta, carry):
     batch = make_batch()
-    loss, metrics = verl_step(batch, ALL, actor_config(method, agg_mode, delta))
+    job = carry(method, delta=delta)
+    loss, metrics = verl_step(batch, ALL, actor_config(job.loss_mode, agg_mode, delta))
     verl_grad = batch.leaf.grad.clone()
     batch.leaf.grad = None
     ref = math_api_step(batch, method, agg_mode, delta)
@@ -101,9 +109,10 @@ def test_loss_and_gradient_equal_math_api(method, agg_mode, delta):
     )
 
 
-def test_ratio_cap_reaches_the_loss():
+def test_ratio_cap_reaches_the_loss(carry):
     batch = make_batch()
-    verl_step(batch, ALL, actor_config("pdm-agg", pdm_ratio_cap=1.1))
+    job = carry("pdm-agg")  # carried without a cap: the job's own knob sets it
+    verl_step(batch, ALL, actor_config(job.loss_mode, pdm_ratio_cap=1.1))
     capped = batch.leaf.grad.clone()
     batch.leaf.grad = None
     math_api_step(batch, "pdm-agg", ratio_cap=1.1)
@@ -111,9 +120,9 @@ def test_ratio_cap_reaches_the_loss():
 
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "seq-mean-token-mean"])
-def test_micro_batch_split_gives_the_whole_batch_gradient(agg_mode):
+def test_micro_batch_split_gives_the_whole_batch_gradient(agg_mode, carry):
     batch = make_batch()
-    config = actor_config("pdm-agg", agg_mode)
+    config = actor_config(carry("pdm-agg").loss_mode, agg_mode)
     n_tokens = sum(len(s.response) for s in batch.samples)
     info = {"batch_num_tokens": n_tokens, "global_batch_size": len(ALL), "dp_size": 1}
     whole_loss, whole_metrics = verl_step(batch, ALL, config, **info)
@@ -139,14 +148,17 @@ def test_micro_batch_split_gives_the_whole_batch_gradient(agg_mode):
 
 def test_grpo_clip_higher_is_verl_vanilla_by_config_only():
     """verl's vanilla loss with the generated clip settings has the math API's gradient."""
+    recipe = project_recipes()["grpo-clip-higher"]
+    assert recipe.verl_name == "vanilla"
+    defaults = recipe.resolve_params({})[0]
     batch = make_batch(mismatch=0.6)
     config = ActorConfig(
         strategy="fsdp",
         rollout_n=1,
         ppo_micro_batch_size_per_gpu=1,
-        clip_ratio_low=GRPO_CLIP["clip_ratio_low"],
-        clip_ratio_high=GRPO_CLIP["clip_ratio_high"],
-        clip_ratio_c=GRPO_CLIP["clip_ratio_c"],
+        clip_ratio_low=recipe.role_value("clip_low", defaults),
+        clip_ratio_high=recipe.role_value("clip_high", defaults),
+        clip_ratio_c=NATIVE_DUAL_CLIP_OFF["clip_ratio_c"],
     )
     data = micro_batch(batch, ALL, distillation_use_topk=False)
     loss_fn = partial(ppo_loss, config=config)
@@ -160,9 +172,9 @@ def test_grpo_clip_higher_is_verl_vanilla_by_config_only():
     torch.testing.assert_close(verl_grad, batch.leaf.grad, rtol=1e-5, atol=1e-7)
 
 
-def test_registered_loss_refuses_to_run_without_the_statistics():
+def test_registered_loss_refuses_to_run_without_the_statistics(carry):
     batch = make_batch()
-    config = actor_config("pdm-agg")
+    config = actor_config(carry("pdm-agg").loss_mode)
     data = micro_batch(batch, ALL, distillation_use_topk=False)
     model_output = engine_forward(batch.sample_logits(ALL), data, None)
     with pytest.raises(RuntimeError, match="distillation_use_topk"):

@@ -46,7 +46,8 @@ def _validated(config):
 
 
 @pytest.mark.parametrize("method,precision", list(itertools.product(MAIN_METHODS, PRECISIONS)))
-def test_every_main_trial_composes_and_validates(composer, method, precision):
+def test_every_main_trial_composes_and_validates(composer, method, precision, carry):
+    carry(method, delta=0.15)  # the trainer process of the job sees its recipe
     config = composer(verl_overrides(method, 0.15, precision=precision, **TRIAL))
     actor, rollout = _validated(config)
     assert isinstance(actor.policy_loss, PDMPolicyLossConfig)
@@ -71,7 +72,8 @@ def test_every_main_trial_composes_and_validates(composer, method, precision):
         assert rollout.agent.default_agent_loop == "pdm_single_turn"
 
 
-def test_recompute_source_and_large_k(composer):
+def test_recompute_source_and_large_k(composer, carry):
+    carry("pdm-uni", delta=0.05)
     config = composer(
         verl_overrides("pdm-uni", 0.05, precision="bf16", mu_source="recompute", topk=32, **TRIAL)
     )
@@ -112,7 +114,8 @@ def test_bad_trial_inputs_are_all_reported():
         verl_overrides("dppo-topk-kl", None, precision="bf16", **TRIAL)
 
 
-def test_startup_checks_name_every_broken_setting(composer):
+def test_startup_checks_name_every_broken_setting(composer, carry):
+    carry("pdm-agg", delta=0.15)
     config = composer(verl_overrides("pdm-agg", 0.15, precision="bf16", **TRIAL))
     with open_dict(config):
         config.actor_rollout_ref.model.use_fused_kernels = True

@@ -14,9 +14,9 @@ pytest.importorskip("verl")
 pytestmark = pytest.mark.verl
 
 from pdmask.backends.verl import compat  # noqa: E402
-from pdmask.backends.verl.loss_names import verl_loss_name  # noqa: E402
+from pdmask.backends.verl.file_recipes import FileRecipe  # noqa: E402
 from pdmask.errors import BackendUnavailable  # noqa: E402
-from pdmask.trust_region import METHODS  # noqa: E402
+from tests.methods import project_recipes  # noqa: E402
 
 PROBE = textwrap.dedent(
     """
@@ -72,10 +72,11 @@ EXTERNAL_MODULES = {
     ],
     ids=["entry-point", "external-modules", "pdmask-module-first"],
 )
-def test_plain_import_verl_registers_every_method(prelude, env):
-    facts = _probe(prelude, **env)
-    for method in METHODS:
-        assert verl_loss_name(method) in facts["losses"], method
+def test_plain_import_verl_registers_the_jobs_method(prelude, env):
+    recipe = project_recipes()["pdm-agg"]
+    job = FileRecipe.of(recipe, recipe.resolve_params({})[0])  # what a job of pdm-agg carries
+    facts = _probe(prelude, **env, **job.env())
+    assert recipe.verl_name in facts["losses"]
     assert not facts["vllm_imported"]
     assert not facts["deferred_imported"]  # the trainer waits until verl imports its registry
     assert facts["trainer"] == "PDMTrainerSync"

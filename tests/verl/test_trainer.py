@@ -30,7 +30,8 @@ def composer():
 
 
 @pytest.mark.parametrize("mu_source", ["rollout", "recompute"])
-def test_trainer_is_verls_sync_trainer(composer, mu_source):
+def test_trainer_is_verls_sync_trainer(composer, mu_source, carry):
+    carry("pdm-agg", delta=0.15)  # the job's recipe, as its trainer process sees it
     config = composer(
         verl_overrides("pdm-agg", 0.15, precision="bf16", mu_source=mu_source, **TRIAL)
     )
@@ -42,7 +43,8 @@ def test_trainer_is_verls_sync_trainer(composer, mu_source):
     assert trainer.recompute_mu == (mu_source == "recompute")
 
 
-def test_trainer_refuses_a_broken_config_before_anything_runs(composer):
+def test_trainer_refuses_a_broken_config_before_anything_runs(composer, carry):
+    carry("dppo-topk-kl", delta=0.15)
     config = composer(verl_overrides("dppo-topk-kl", 0.15, precision="fp8-rollout", **TRIAL))
     with open_dict(config):
         config.actor_rollout_ref.rollout.logprobs_mode = "raw_logprobs"

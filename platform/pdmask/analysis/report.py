@@ -17,10 +17,10 @@ from pdmask.analysis.summary import STEP_TESTS
 
 TEST_LABELS = {
     "none": "keep all (no mask)",
-    "ratio": "ratio test A(r-1) > 0 (dppo-topk-kl)",
-    "agg": "Ddot_agg (pdm-agg)",
-    "uni": "Ddot_uni (pdm-uni)",
-    "bucket": "Ddot_bucket (pdm-bucket)",
+    "ratio": "ratio test A(r-1) > 0",
+    "agg": "Ddot_agg (aggregated tail)",
+    "uni": "Ddot_uni (uniform tail)",
+    "bucket": "Ddot_bucket (bucket estimator)",
     "exact": "exact full-vocabulary Ddot (oracle)",
 }
 ISOLATED_LABELS = {"all": "single-token SGD step", "output": "single-token output-layer step"}

@@ -54,11 +54,11 @@ def reach_analysis_state(
     from pdmask.backends.sim.grpo import collect_rollout
     from pdmask.backends.sim.task import DEFAULT_TASK
     from pdmask.backends.sim.trainer import TrialState, rl_step, step_generator
-    from pdmask.registry import load_registry
+    from pdmask.trust_region import apply_method
 
     trial = setting.trial(seed)
     sim_cfg = sim_config(trial)
-    mask_fn = load_registry().recipes[trial.method].mask_fn(trial.params)
+    mask_fn = trial.recipe().method(trial.params)
     state = TrialState(sim_cfg)
     for step in range(1, cfg.train_steps + 1):
         rl_step(state, mask_fn, step)
@@ -90,5 +90,8 @@ def reach_analysis_state(
     for index in minibatches[:-1]:
         with torch.no_grad():
             stats = setup.stats(setup.logits(index), index)
-        guarded_update(setup, mask_fn(stats, setup.advantages[index]), index)
+        out = apply_method(
+            mask_fn, stats, setup.advantages[index], setup.valid[index], backend="sim"
+        )
+        guarded_update(setup, out.mask, index)
     return AnalysedState(setup, minibatches[-1], float(batch.rewards.mean()))

@@ -18,18 +18,22 @@ Reporter = Callable[[int, dict[str, float]], None]
 
 
 def sim_config(trial: Trial):
-    """The embedded backend's config for a trial (its model's stand-in, the recipe's K, delta, cap)."""
+    """The embedded backend's config for a trial: its model's stand-in, and what the recipe's
+    parameters of the ``delta``, ``topk`` and ``ratio_cap`` roles say (PARAM_ROLES)."""
     from pydantic import ValidationError
 
     from pdmask.backends.sim import SimTrialConfig
 
+    recipe = trial.recipe()
     extra: dict[str, Any] = {}
     if trial.delta is not None:
         extra["delta"] = trial.delta
-    if "topk" in trial.params:
-        extra["top_k"] = int(trial.params["topk"])
-    if trial.params.get("ratio_cap") is not None:
-        extra["ratio_cap"] = float(trial.params["ratio_cap"])
+    topk = recipe.role_value("topk", trial.params)
+    if topk is not None:
+        extra["top_k"] = int(topk)
+    ratio_cap = recipe.role_value("ratio_cap", trial.params)
+    if ratio_cap is not None:
+        extra["ratio_cap"] = float(ratio_cap)
     try:
         return SimTrialConfig(
             stand_in=MODELS[trial.model].sim_stand_in,
@@ -59,13 +63,17 @@ def run_backend(
     workdir: Path,
     should_stop: Callable[[], bool],
 ) -> dict[str, float]:
-    """Train one trial in this process (resuming from ``workdir``'s checkpoint)."""
+    """Train one trial in this process (resuming from ``workdir``'s checkpoint).
+
+    ``recipe`` is the trial's own (``trial.recipe()``, the source planned with the sweep). An
+    error in its code is raised as ``RecipeError`` (a ``ConfigError``: never retried).
+    """
     if trial.backend == "sim":
         from pdmask.backends.sim import train_trial
 
         return train_trial(
             sim_config(trial),
-            mask_fn=recipe.mask_fn(trial.params),
+            mask_fn=recipe.method(trial.params),
             reporter=reporter,
             workdir=workdir,
             should_stop=should_stop,

@@ -40,17 +40,22 @@ def list_recipes(
     json: Json = False,
 ) -> None:
     """List every recipe: its proximity and direction tests, the inputs it needs, its summary."""
-    from pdmask.console import console, print_json, table
     from pdmask.errors import ConfigError, ValidationFailed
     from pdmask.registry import load_registry
 
     reg = load_registry()
-    if reg.recipe_problems:
-        raise ValidationFailed(reg.recipe_problems)
     unknown = [n for n in names or [] if n not in reg.recipes]
     if unknown:
         raise ConfigError(f"no recipe {', '.join(unknown)}; known: {', '.join(reg.recipes)}")
     recipes = [r for r in reg.recipes.values() if not names or r.name in names]
+    _show(reg, recipes, verbose=verbose, json=json)
+    if reg.recipe_problems:  # the valid ones are listed; the broken ones reported, exit 2
+        raise ValidationFailed(reg.recipe_problems)
+
+
+def _show(reg, recipes, *, verbose: bool, json: bool) -> None:
+    from pdmask.console import console, print_json, table
+
     if json:
         print_json(
             [
@@ -62,6 +67,7 @@ def list_recipes(
                     "proximity": r.proximity,
                     "direction": r.direction,
                     "custom_mask": r.mask is not None,
+                    "custom_loss": r.loss is not None,
                     "needs": list(r.needs),
                     "verl_loss": r.verl_name,
                     "file": str(reg.recipe_files[r.name]),
@@ -75,8 +81,8 @@ def list_recipes(
     rows = [
         [
             r.name,
-            r.proximity or "(own mask)",
-            r.direction or "(own mask)",
+            r.proximity or ("(own mask)" if r.mask else "-"),
+            r.direction or ("(own mask)" if r.mask else "-"),
             ", ".join(r.needs) or "-",
             r.summary,
         ]

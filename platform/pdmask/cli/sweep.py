@@ -92,14 +92,13 @@ def _status_lookup(tracking_uri, sweep_name):
 
 
 def _print_plan(name: str, options, as_json: bool) -> None:
+    from pdmask.api import plan
     from pdmask.console import console, print_json, table
     from pdmask.registry import CLUSTERS, load_registry, plan_rows
     from pdmask.registry.plan import concurrent_trials
 
     reg = load_registry()
-    trials = reg.expand(
-        name, backend=options.backend, profile=options.profile, cluster=options.cluster
-    )
+    trials = plan(reg, name, options)
     sweep = reg.sweep(name)
     cluster = options.cluster or sweep.cluster
     status_of = _status_lookup(options.tracking_uri, sweep.name)

@@ -30,16 +30,20 @@ def validate(
     from pdmask.console import console
     from pdmask.errors import ValidationFailed
     from pdmask.registry import load_registry
+    from pdmask.registry.recipe_check import check_recipes
 
     reg = load_registry()
     problems = list(reg.problems)
     names = sweeps or sorted(reg.sweeps)
-    counts = {}
+    counts, trials = {}, []
     for name in names:
         try:
-            counts[name] = len(reg.expand(name))
+            trials += reg.expand(name)
+            counts[name] = len(trials) - sum(counts.values())
         except ValidationFailed as err:
             problems += [p for p in err.problems if p not in problems]
+    # Every recipe's mask and loss on synthetic batches of each backend's layout.
+    problems += [p for p in check_recipes(reg.recipes, trials) if p not in problems]
     if problems:
         raise ValidationFailed(problems)
     out = console()

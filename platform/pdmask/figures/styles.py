@@ -1,7 +1,8 @@
 """Method styles (display name, colour): from the recipe registry, else a fixed palette.
 
 A method keeps one colour across every panel and every figure, so colours are looked up by recipe
-name, never assigned by position within a panel.
+name, never assigned by position within a panel. The recipes are the only home of a method's
+name and colour; the palette is only for runs whose recipe is no longer in ``recipes/``.
 """
 
 from __future__ import annotations
@@ -20,14 +21,8 @@ class MethodStyle:
     color: str
 
 
-# The paper's four methods get fixed, colour-blind-safe colours (Okabe-Ito); any other method takes
-# the next free colour of the same palette, in the order the figure lists it.
-PAPER_STYLES: dict[str, MethodStyle] = {
-    "grpo-clip-higher": MethodStyle("GRPO (clip-higher)", "#6E6E6E"),
-    "dppo-topk-kl": MethodStyle("DPPO top-K KL", "#0072B2"),
-    "pdm-agg": MethodStyle("PDM (agg. tail)", "#D55E00"),
-    "pdm-uni": MethodStyle("PDM (uniform tail)", "#009E73"),
-}
+# Colour-blind-safe (Okabe-Ito, then Tol's muted) colours for methods without a recipe, in the
+# order the figure lists them, skipping colours already in use.
 EXTRA_COLORS = ("#E69F00", "#CC79A7", "#56B4E9", "#F0E442", "#000000", "#882255", "#44AA99")
 
 
@@ -57,7 +52,7 @@ def resolve_styles(
     *,
     use_registry: bool = True,
 ) -> dict[str, MethodStyle]:
-    """One style per method: the given ``styles`` first, then the registry, then the palette."""
+    """One style per method: the given ``styles`` first, then the recipes, then the palette."""
     methods = list(methods)
     chosen: dict[str, MethodStyle] = {}
     if styles:
@@ -70,10 +65,6 @@ def resolve_styles(
     for method in methods:
         if method in chosen:
             continue
-        if method in PAPER_STYLES and PAPER_STYLES[method].color.lower() not in used:
-            chosen[method] = PAPER_STYLES[method]
-        else:
-            color = spare.pop(0) if spare else "#333333"
-            chosen[method] = MethodStyle(method, color)
+        chosen[method] = MethodStyle(method, spare.pop(0) if spare else "#333333")
         used.add(chosen[method].color.lower())
     return chosen

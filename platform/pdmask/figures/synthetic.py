@@ -2,8 +2,9 @@
 
 Runs are written through the ordinary MLflow client with the tags and metric names a real sweep
 uses, so the figure code cannot tell them apart from trained runs. ``paper_like_runs`` draws
-plausible curves (the paper's qualitative story: the ratio clip collapses at 30B FP8, the
-predictive masks lead); tests build their own runs with exactly known values.
+plausible curves for a story the caller tells per method (``MethodStory``: how far it climbs,
+whether it collapses at 30B FP8, whether it masks fewer tokens); tests build their own runs with
+exactly known values.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ SETTINGS = {  # panel key -> (model tag, precision tag)
     "30b-fp8-e2e": ("qwen3-30b-a3b-base", "fp8-e2e"),
     "30b-fp8-rollout": ("qwen3-30b-a3b-base", "fp8-rollout"),
 }
-PAPER_METHODS = ("grpo-clip-higher", "dppo-topk-kl", "pdm-agg", "pdm-uni")
+
+
+@dataclass(frozen=True)
+class MethodStory:
+    """How one method's synthetic curves behave."""
+
+    lift: float  # final accuracy above the setting's base level
+    collapses_at_30b: bool = False  # its 30B runs collapse and end FAILED
+    masks_less: bool = False  # its masked fraction is 0.6x the others'
 
 
 @dataclass
@@ -84,6 +93,7 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def paper_like_runs(
+    methods: Mapping[str, MethodStory],
     *,
     seeds: int = 3,
     points: int = 60,
@@ -92,23 +102,21 @@ def paper_like_runs(
     delta: float = 0.15,
     datasets: Iterable[str] = ("aime24", "aime25"),
     settings: Mapping[str, tuple[str, str]] = SETTINGS,
-    methods: Iterable[str] = PAPER_METHODS,
     diagnostics: bool = True,
     rng_seed: int = 0,
 ) -> list[SyntheticRun]:
-    """Plausible Figure-1-like runs; the ratio clip collapses (status FAILED) at 30B FP8."""
+    """Plausible Figure-1-like runs of ``methods``, each following its story."""
     rng = np.random.default_rng(rng_seed)
-    lift = {"grpo-clip-higher": 0.0, "dppo-topk-kl": 0.02, "pdm-agg": 0.05, "pdm-uni": 0.048}
     base = {"4b-bf16": 0.18, "8b-bf16": 0.25, "30b-fp8-e2e": 0.30, "30b-fp8-rollout": 0.32}
     runs = []
     steps = np.arange(1, points + 1) * eval_every
     for setting in settings:
-        for method in methods:
+        for method, story in methods.items():
             for seed in range(seeds):
-                collapse = method == "grpo-clip-higher" and setting.startswith("30b")
+                collapse = story.collapses_at_30b and setting.startswith("30b")
                 stop = int(points * rng.uniform(0.45, 0.7)) if collapse else points
                 x = np.linspace(-2.5, 2.5, points)
-                level = base.get(setting, 0.2) + lift.get(method, 0.01)
+                level = base.get(setting, 0.2) + story.lift
                 mean = 0.05 + level * _sigmoid(x)
                 if collapse:
                     mean = mean * np.clip(
@@ -132,7 +140,7 @@ def paper_like_runs(
                     diag = {
                         "actor/pdm/masked_frac": 2e-3
                         * (1 + grow * t)
-                        * (0.6 if method.startswith("pdm") else 1.0),
+                        * (0.6 if story.masks_less else 1.0),
                         "actor/pdm/kl_topk_mean": 5e-3 * (1 + grow * 2 * t),
                         "actor/pdm/disagree_agg": 0.05 + 0.01 * t,
                         "actor/pdm/disagree_uni": 0.049 + 0.01 * t,

@@ -103,9 +103,12 @@ class SweepProgress(Callback):
                 "already-done": "skipped",
                 "claimed-elsewhere": "elsewhere",
             }.get(outcome, "failed")
-            self._event(
-                row, f"{outcome}" + (f" (eval {row.eval:.3f})" if row.eval is not None else "")
-            )
+            detail = f" (eval {row.eval:.3f})" if row.eval is not None else ""
+            if result.get("pdm_error"):  # a configuration or recipe error: show it, not retried
+                detail += f": {result['pdm_error']}"
+                if self.live is not None:  # the live table has no room for it
+                    self.console.print(f"{row.name}: {outcome}{detail}")
+            self._event(row, f"{outcome}{detail}")
         elif self.live is not None:
             self.live.update(self.render())
         elif row.step == row.first_step:

@@ -43,7 +43,6 @@ def run_trial(config: dict[str, Any]) -> None:
     from pdmask.backends.dispatch import planned_steps, run_backend
     from pdmask.orchestration.claims import Claim
     from pdmask.paths import state_dir
-    from pdmask.registry import load_registry
     from pdmask.tracking import TrialRun, open_client
 
     trial = trial_from_config(config)
@@ -80,7 +79,7 @@ def run_trial(config: dict[str, Any]) -> None:
             tune.report(report)
 
         try:
-            recipe = load_registry(config["project_root"]).recipes[trial.method]
+            recipe = trial.recipe()  # the source planned with the sweep, never re-read
             backend = run_backend
             if config.get("calibration_seconds"):  # benchmarks/bench_sweep.py: known, fixed compute
                 from pdmask.orchestration.calibration import busy_trial

@@ -4,8 +4,10 @@ Public API::
 
     load_registry(root=None) -> Registry      # discover recipes/, sweeps/, dashboards/
     Registry.expand(sweep, backend=, profile=) -> list[Trial]   # raises ValidationFailed
-    Recipe, Param                             # what a file in recipes/ declares
-    Trial                                     # one resolved trial; .trial_hash is its identity
+    Recipe, Param, PARAM_ROLES                # what a file in recipes/ declares
+    Trial                                     # one resolved trial; .trial_hash is its identity,
+                                              #   .recipe() the recipe it trains (as planned)
+    recipe_check.check_recipes(recipes, trials)   # run recipes' code on synthetic batches
     MODELS, PRECISIONS, CLUSTERS              # the fixed catalog
     plan_rows(trials, cluster) -> list[PlanRow]
 """
@@ -19,7 +21,7 @@ from pdmask.registry.catalog import (
     PrecisionSpec,
 )
 from pdmask.registry.plan import PlanRow, plan_rows
-from pdmask.registry.recipes import KNOWN_INPUTS, Param, Recipe
+from pdmask.registry.recipes import KNOWN_INPUTS, PARAM_ROLES, Param, Recipe
 from pdmask.registry.registry import BACKEND_SUPPLIES, Registry, load_registry
 from pdmask.registry.sweeps import SearchSpec, Sweep
 from pdmask.registry.trial import Trial
@@ -28,6 +30,7 @@ __all__ = [
     "BACKEND_SUPPLIES",
     "CLUSTERS",
     "KNOWN_INPUTS",
+    "PARAM_ROLES",
     "MODELS",
     "PRECISIONS",
     "ClusterProfile",

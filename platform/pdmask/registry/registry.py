@@ -9,7 +9,8 @@ from typing import Any
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.paths import project_root
 from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
-from pdmask.registry.recipes import Recipe, discover_recipes
+from pdmask.registry.recipe_files import discover_recipes
+from pdmask.registry.recipes import Recipe
 from pdmask.registry.sweeps import SIM_PROFILES, Cell, Sweep, discover_sweeps, expand_grid
 from pdmask.registry.trial import Trial
 from pdmask.registry.yaml_source import YamlSource
@@ -167,7 +168,9 @@ class Registry:
                 src.problem(delta[1], f"delta must be a positive number, got {delta[0]!r}")
             )
         elif recipe.uses_delta and delta[0] is not None:
-            overrides["delta"] = float(delta[0])
+            # The axis sets the recipe's delta-role parameter; a recipe without one ignores the
+            # axis (its cells collapse into one trial: same hash).
+            overrides[recipe.role_param("delta")] = float(delta[0])
         params, errors = recipe.resolve_params(overrides)
         for key, err in errors:
             path = cell.get(f"params.{key}", cell.get(key, (None, ("grid",))))[1]
@@ -182,11 +185,12 @@ class Registry:
             )
         if len(problems) > before or model is None or precision is None:
             return None
-        trial_delta = params.get("delta", delta[0])
+        trial_delta = recipe.role_value("delta", params)
         return Trial(
             sweep=sweep.name,
             method=method,
             recipe_version=recipe.version,
+            recipe_source=recipe.source,
             params=params,
             model=model,
             precision=precision,

@@ -1,15 +1,29 @@
-"""A trial: one fully resolved, hashable training run."""
+"""A trial: one fully resolved, hashable training run, its recipe's code included."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-# Fields that never change what is trained: excluded from the identity hash.
-COSMETIC_FIELDS = frozenset({"sweep"})
+from pdmask.registry.recipe_files import RecipeSource
+
+if TYPE_CHECKING:
+    from pdmask.registry.recipes import Recipe
+
+# What never changes what is trained: excluded from the identity hash. Of the recipe's source only
+# its normalised-code hash counts (the file's name and its comments do not).
+COSMETIC_FIELDS: dict[str, Any] = {"sweep": True, "recipe_source": {"file": True, "text": True}}
+# The identity without the recipe's code: equal for a trial whose recipe file was edited, so the
+# plan can say *why* a trial is to do again.
+CODE_FIELDS = frozenset({"recipe_source", "recipe_version"})
+
+
+def _digest(data: dict[str, Any]) -> str:
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 class Trial(BaseModel):
@@ -24,13 +38,18 @@ class Trial(BaseModel):
     recipe_version: int = Field(
         description="The recipe's `version` (bumped when its behaviour changes)."
     )
+    recipe_source: RecipeSource = Field(
+        description="The recipe file as read when the sweep was planned: what this trial trains, "
+        "wherever it runs (the hash of its normalised code is part of identity)."
+    )
     params: dict[str, Any] = Field(
         description="The recipe's parameters, defaults resolved (delta included)."
     )
     model: str = Field(description="Registry model, e.g. `qwen3-4b-base`.")
     precision: Literal["bf16", "fp8-rollout", "fp8-e2e"] = Field(description="Precision setting.")
     delta: float | None = Field(
-        description="Trust-region size (tagged also for methods that ignore it)."
+        description="Trust-region size: the value of the recipe's `delta`-role parameter; None "
+        "for a recipe without one (never crossed with a sweep's delta axis)."
     )
     seed: int = Field(description="Random seed of the whole trial.")
     backend: Literal["sim", "verl"] = Field(description="Training backend.")
@@ -47,15 +66,25 @@ class Trial(BaseModel):
 
     def identity(self) -> dict[str, Any]:
         """The semantic content that defines the trial (what the hash covers)."""
-        return self.model_dump(mode="json", exclude=set(COSMETIC_FIELDS))
+        return self.model_dump(mode="json", exclude=COSMETIC_FIELDS)
 
     @property
     def trial_hash(self) -> str:
         """sha256 of the canonical JSON of ``identity()``: stable across processes and machines."""
-        canonical = json.dumps(
-            self.identity(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
-        )
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return _digest(self.identity())
+
+    @property
+    def config_hash(self) -> str:
+        """The hash of the identity without the recipe's code (``recipe_source``, ``version``):
+        a run with this hash and another trial hash trained an earlier version of the recipe."""
+        return _digest({k: v for k, v in self.identity().items() if k not in CODE_FIELDS})
+
+    def recipe(self) -> Recipe:
+        """The recipe this trial trains, executed from the source it carries (never re-read
+        from disk: an edit after planning does not reach this trial)."""
+        from pdmask.registry.recipe_files import recipe_from_source
+
+        return recipe_from_source(f"recipes/{self.recipe_source.file}", self.recipe_source.text)
 
     @property
     def setting(self) -> str:
@@ -77,6 +106,9 @@ class Trial(BaseModel):
             "pdm.backend": self.backend,
             "pdm.profile": self.profile,
             "pdm.mu_source": self.mu_source,
+            "pdm.recipe_hash": self.recipe_source.hash,
+            "pdm.recipe_file": self.recipe_source.file,
+            "pdm.config_hash": self.config_hash,
         }
 
     def run_name(self) -> str:

@@ -1,4 +1,11 @@
-"""What produced a run: the git commit (and whether the tree was dirty) and package versions."""
+"""What produced a run: the git commit (and whether the tree was dirty) and package versions.
+
+The tree is dirty when a tracked file has changes, or when ``recipes/``, ``sweeps/`` or
+``dashboards/`` hold files git does not track: a new recipe or sweep is exactly what a user adds
+without committing, and it decides what trains. (Other untracked files -- scratch notes, outputs
+-- do not count.) The recipe's own code is recorded per run anyway (``pdm.recipe_hash`` and the
+``recipe/`` artifact).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 PACKAGES = ("pdmask", "torch", "ray", "mlflow", "verl", "vllm", "transformers")
+REGISTRY_FOLDERS = ("recipes", "sweeps", "dashboards")  # untracked files here make the tree dirty
 
 
 def git_state(root: Path) -> tuple[str, bool]:
@@ -20,17 +28,23 @@ def git_state(root: Path) -> tuple[str, bool]:
             check=True,
             timeout=10,
         ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain", "--untracked-files=no"],
-                cwd=root,
-                capture_output=True,
-                text=True,
-                check=True,
-                timeout=10,
-            ).stdout.strip()
-        )
-        return sha, dirty
+        tracked = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        untracked = subprocess.run(
+            ["git", "ls-files", "--others", "--exclude-standard", "--", *REGISTRY_FOLDERS],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=10,
+        ).stdout.strip()
+        return sha, bool(tracked or untracked)
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
 

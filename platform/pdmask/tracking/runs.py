@@ -133,6 +133,9 @@ class TrialRun:
                 )
             )
         with_retry(lambda: client.log_dict(run_id, trial.model_dump(mode="json"), "trial.json"))
+        # The recipe's code as it trained this run (its hash is the tag pdm.recipe_hash).
+        source = trial.recipe_source
+        with_retry(lambda: client.log_text(run_id, source.text, f"recipe/{source.file}"))
         return cls(client, run_id, -1, 1, resumed=False)
 
     def log(self, step: int, metrics: dict[str, float]) -> bool:

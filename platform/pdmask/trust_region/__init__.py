@@ -26,46 +26,57 @@ Direction (derivative of KL(mu || softmax(z + eta v)) at 0, ``v = e_k - pi``)::
                   dpi_i = pi_i (v_i - vbar), vbar = pi_k - sum pi^2, dpi_tail = -sum_{j∉S} pi_j^2 - pi_tail vbar,
                   a bucket at a kink (pi_i = mu_i) contributing |dpi_i|
 
-Masks (True = gradient zeroed; strict tests, so A = 0 is never masked)::
+Direction tests are strict, so A = 0 is never masked. A method masks a token (True = gradient
+zeroed) when a proximity test AND a direction test hold; ``PROXIMITY_TESTS`` and ``DIRECTION_TESTS``
+hold the building blocks by name (``kl_topk``, ``ratio``, ``ddot_agg``, ...), ``composed_mask``
+combines two::
 
-    grpo-clip-higher  (r < 1-eps_low or r > 1+eps_high)  and  A (r - 1) > 0
-    dppo-binary-kl    KL_bin > delta                       and  A (r - 1) > 0
-    dppo-binary-tv    TV_bin > delta                       and  A (r - 1) > 0
-    dppo-topk-kl      D > delta                            and  A (r - 1) > 0
-    dppo-topk-tv      TV_topK > delta                      and  A (r - 1) > 0
-    pdm-agg / -uni / -bucket   D > delta                   and  A Ddot_{agg,uni,bucket} > 0
-    pdm-tv            TV_topK > delta                      and  dTV(sign(A) v) > 0
+    ratio      r < 1-eps_low or r > 1+eps_high        ratio       A (r - 1) > 0
+    kl_binary  KL_bin > delta                          ddot_agg    A Ddot_agg > 0
+    tv_binary  TV_bin > delta                          ddot_uni    A Ddot_uni > 0
+    kl_topk    D > delta                               ddot_bucket A Ddot_bucket > 0
+    tv_topk    TV_topK > delta                         tv_deriv    dTV(sign(A) v) > 0
 
-Loss: ``-M r A`` per token (``M = 1 - mask``; gradient through ``r`` only; optional cap ``min(r, C)``),
-aggregated with verl's modes (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``,
-``seq-mean-token-sum-norm``, ``token-sum``).
+Which methods exist is not the math API's business: each is a file in the project's ``recipes/``
+(``pdmask.registry``), which composes two tests or brings its own mask and/or per-token loss over
+one documented object, :class:`RecipeBatch` (``contract``). ``apply_method`` runs a
+:class:`Method` (hooks with parameters bound) on a micro-batch; every backend calls it.
+
+Loss: by default ``-M r A`` per token (``M = 1 - mask``; gradient through ``r`` only; optional cap
+``min(r, C)``), aggregated with verl's modes (``token-mean``, ``seq-mean-token-sum``,
+``seq-mean-token-mean``, ``seq-mean-token-sum-norm``, ``token-sum``).
 
 Numerics: computed in float32 from bf16/fp16/fp32 logits and in float64 from float64 logits. The
 logits are read in row chunks; no ``[N, V]`` float32 copy is ever made (extra memory
 ``O(chunk * V + N * K)``). ``n`` is ``logits.shape[-1]`` (the padded lm-head width).
 
-Typical use::
+Typical use (``method`` from a recipe: ``load_registry().recipes[name].method(params)``)::
 
     stats = compute_token_stats(logits, ids, mu_topk_ids, mu_topk_logprobs, mu_logp)
-    mask = method_mask("pdm-agg", stats, advantages, delta=0.15)
-    loss = aggregate_loss(per_token_loss(stats.logp, stats.mu_logp, advantages, mask), response_mask)
+    out = apply_method(method, stats, advantages, response_mask, backend="sim")
+    loss = aggregate_loss(out.token_loss, response_mask)
 
 With mu known over the whole vocabulary, ``exact_divergence(logits, mu_logprobs, ids)`` gives the
 exact KL and ``Ddot`` that the top-K estimators approximate (diagnostics, analysis).
 """
 
+from pdmask.trust_region.contract import RecipeBatch
 from pdmask.trust_region.diagnostics import DISAGREEMENTS, diagnostics
 from pdmask.trust_region.exact import ExactDivergence, exact_divergence
-from pdmask.trust_region.loss import AGG_MODES, aggregate_loss, per_token_loss
+from pdmask.trust_region.hooks import (
+    LossHook,
+    MaskHook,
+    Method,
+    MethodOutput,
+    apply_method,
+    hook_output_problem,
+)
+from pdmask.trust_region.loss import AGG_MODES, aggregate_loss, per_token_loss, ratio_loss
 from pdmask.trust_region.methods import (
     DIRECTION_TESTS,
-    METHODS,
     PROXIMITY_TESTS,
-    MethodSpec,
     composed_mask,
     direction_test,
-    get_method,
-    method_mask,
     proximity_test,
 )
 from pdmask.trust_region.policy_loss import PolicyLossResult, policy_loss
@@ -76,22 +87,26 @@ __all__ = [
     "AGG_MODES",
     "DIRECTION_TESTS",
     "DISAGREEMENTS",
-    "METHODS",
     "PROXIMITY_TESTS",
     "SENTINEL_THRESHOLD",
     "ExactDivergence",
-    "MethodSpec",
+    "LossHook",
+    "MaskHook",
+    "Method",
+    "MethodOutput",
     "PolicyLossResult",
+    "RecipeBatch",
     "TokenStats",
     "aggregate_loss",
+    "apply_method",
     "composed_mask",
     "compute_token_stats",
     "diagnostics",
-    "exact_divergence",
     "direction_test",
-    "get_method",
-    "method_mask",
+    "exact_divergence",
+    "hook_output_problem",
     "per_token_loss",
     "policy_loss",
     "proximity_test",
+    "ratio_loss",
 ]

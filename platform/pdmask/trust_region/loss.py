@@ -1,14 +1,20 @@
-"""The masked policy-gradient loss and verl's aggregation modes.
+"""The default per-token loss of every method, and verl's aggregation modes.
 
 Per token: ``loss_t = -M_t * r_t * A_t`` with ``M_t = 1 - mask_t`` and the gradient flowing through
 ``r_t = exp(log pi - log mu)``, so ``d loss_t / d z = -M_t r_t A_t (e_k - pi)``. An optional ratio cap
 ``C`` (truncated importance sampling) makes the value ``-M A min(r, C)`` and scales the gradient by
-``min(r, C) / r`` instead of dropping it.
+``min(r, C) / r`` instead of dropping it. A recipe may bring its own per-token loss instead
+(``Method.loss``); aggregation is always one of verl's modes.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from pdmask.trust_region.contract import RecipeBatch
 
 AGG_MODES = (
     "token-mean",
@@ -19,6 +25,16 @@ AGG_MODES = (
 )
 
 
+def _ratio_surrogate(
+    logp: torch.Tensor, mu_logp: torch.Tensor, advantages: torch.Tensor, ratio_cap: float | None
+) -> torch.Tensor:
+    ratio = (logp - mu_logp.to(logp.dtype)).exp()
+    if ratio_cap is not None:
+        detached = ratio.detach()
+        ratio = ratio * (detached.clamp(max=ratio_cap) / detached)
+    return -advantages.to(ratio.dtype) * ratio
+
+
 def per_token_loss(
     logp: torch.Tensor,
     mu_logp: torch.Tensor,
@@ -26,12 +42,14 @@ def per_token_loss(
     mask: torch.Tensor,
     ratio_cap: float | None = None,
 ) -> torch.Tensor:
-    ratio = (logp - mu_logp.to(logp.dtype)).exp()
-    if ratio_cap is not None:
-        detached = ratio.detach()
-        ratio = ratio * (detached.clamp(max=ratio_cap) / detached)
-    loss = -advantages.to(ratio.dtype) * ratio
+    """``-M r A`` from raw tensors (zero where ``mask``), for callers without a recipe."""
+    loss = _ratio_surrogate(logp, mu_logp, advantages, ratio_cap)
     return torch.where(mask, torch.zeros_like(loss), loss)
+
+
+def ratio_loss(batch: RecipeBatch, ratio_cap: float | None = None) -> torch.Tensor:
+    """The default loss hook: ``-r A`` per token (the mask is applied by ``apply_method``)."""
+    return _ratio_surrogate(batch.log_prob, batch.mu_log_prob, batch.advantages, ratio_cap)
 
 
 def _masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,14 @@
-"""Proximity tests, direction tests, and the methods that compose them.
+"""Proximity tests and direction tests by name, and the mask that composes two of them.
 
 A token is masked (its gradient zeroed, ``True``) iff it is outside the region (proximity) AND the
 update would push it further out (direction). Direction tests are strict, so ``A = 0`` is never
-masked. New methods compose these tests by name, or supply their own mask function (see
-``recipes/``).
+masked. These are building blocks: a method (a file in ``recipes/``) composes two of them by name
+or brings its own mask; the math API holds no list of methods.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
@@ -74,94 +73,6 @@ DIRECTION_TESTS: dict[str, DirectionFn] = {
 """Direction tests by name: True where the update would push the token further out."""
 
 
-@dataclass(frozen=True)
-class MethodSpec:
-    """A trust-region method: which proximity test and which direction test it composes."""
-
-    name: str
-    proximity: str  # key of PROXIMITY_TESTS
-    direction: str  # key of DIRECTION_TESTS
-    needs_topk: bool  # needs the behaviour policy's top-K from the rollout engine
-    description: str
-
-    @property
-    def uses_delta(self) -> bool:
-        return self.proximity != "ratio"
-
-
-METHODS: dict[str, MethodSpec] = {
-    m.name: m
-    for m in [
-        MethodSpec(
-            "grpo-clip-higher",
-            "ratio",
-            "ratio",
-            False,
-            "PPO/GRPO ratio clip with clip-higher (eps_low=0.2, eps_high=0.28)",
-        ),
-        MethodSpec(
-            "dppo-binary-kl",
-            "kl_binary",
-            "ratio",
-            False,
-            "DPPO: binary KL of {k, rest} > delta, ratio direction",
-        ),
-        MethodSpec(
-            "dppo-binary-tv",
-            "tv_binary",
-            "ratio",
-            False,
-            "DPPO: binary TV |pi_k - mu_k| > delta, ratio direction",
-        ),
-        MethodSpec(
-            "dppo-topk-kl",
-            "kl_topk",
-            "ratio",
-            True,
-            "DPPO: top-K KL > delta, ratio direction (the direct baseline)",
-        ),
-        MethodSpec(
-            "dppo-topk-tv", "tv_topk", "ratio", True, "DPPO: top-K TV > delta, ratio direction"
-        ),
-        MethodSpec(
-            "pdm-agg",
-            "kl_topk",
-            "ddot_agg",
-            True,
-            "Predictive divergence mask, aggregated-tail estimator of Ddot",
-        ),
-        MethodSpec(
-            "pdm-uni",
-            "kl_topk",
-            "ddot_uni",
-            True,
-            "Predictive divergence mask, uniform-tail estimator of Ddot",
-        ),
-        MethodSpec(
-            "pdm-tv",
-            "tv_topk",
-            "tv_deriv",
-            True,
-            "Top-K TV proximity with the TV derivative along the step (Appendix D)",
-        ),
-        MethodSpec(
-            "pdm-bucket",
-            "kl_topk",
-            "ddot_bucket",
-            True,
-            "Exact derivative of the bucketed top-K KL along the step (beyond the paper)",
-        ),
-    ]
-}
-
-
-def get_method(name: str) -> MethodSpec:
-    try:
-        return METHODS[name]
-    except KeyError:
-        raise KeyError(f"unknown method {name!r}; known: {', '.join(sorted(METHODS))}") from None
-
-
 def proximity_test(
     name: str, stats: TokenStats, advantages: torch.Tensor, **params
 ) -> torch.Tensor:
@@ -193,25 +104,3 @@ def composed_mask(
         proximity, stats, advantages, delta=delta, eps_low=eps_low, eps_high=eps_high
     )
     return outside & direction_test(direction, stats, advantages)
-
-
-def method_mask(
-    method: str | MethodSpec,
-    stats: TokenStats,
-    advantages: torch.Tensor,
-    *,
-    delta: float | None = None,
-    eps_low: float = 0.2,
-    eps_high: float = 0.28,
-) -> torch.Tensor:
-    """The boolean mask of a named method (True = the token's gradient is zeroed)."""
-    spec = get_method(method) if isinstance(method, str) else method
-    return composed_mask(
-        spec.proximity,
-        spec.direction,
-        stats,
-        advantages,
-        delta=delta,
-        eps_low=eps_low,
-        eps_high=eps_high,
-    )

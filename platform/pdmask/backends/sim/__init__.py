@@ -11,8 +11,8 @@ the sampled token's log-prob, as vLLM would; stale minibatch updates add the pol
 Contract (the sweep runner and the registry call this):
 
 - ``train_trial(cfg, *, mask_fn, reporter, workdir, should_stop)`` runs one trial, deterministic
-  given ``cfg.seed`` on one machine, single-threaded. ``mask_fn(stats, advantages) -> bool`` is the
-  recipe's mask (True = gradient zeroed). ``reporter(step, metrics)`` is called at step 0 (the base
+  given ``cfg.seed`` on one machine, single-threaded. ``mask_fn`` is the recipe's
+  ``pdmask.trust_region.Method`` (its mask and per-token loss, ``Recipe.method(params)``). ``reporter(step, metrics)`` is called at step 0 (the base
   model's evaluation only) and once per RL step 1..steps; evaluation steps (every ``eval_every``
   and the last) carry ``val-core/synth/acc/mean_at_16``. Checkpoints go to ``workdir`` every
   ``checkpoint_every`` steps, at the end and when ``should_stop()`` turns true; a rerun resumes

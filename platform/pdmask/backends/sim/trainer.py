@@ -36,9 +36,9 @@ from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
 from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.errors import TrialFailed
-from pdmask.trust_region import TokenStats, aggregate_loss, diagnostics, per_token_loss
+from pdmask.trust_region import Method, aggregate_loss, apply_method, diagnostics
 
-MaskFn = Callable[[TokenStats, torch.Tensor], torch.Tensor]
+MaskFn = Method  # the recipe's mask and per-token loss, parameters bound (Recipe.method)
 Reporter = Callable[[int, dict[str, float]], None]
 SIGN_MATCH = {"agg": "ddot_agg", "uni": "ddot_uni", "bucket": "ddot_bucket"}
 
@@ -63,9 +63,11 @@ def _update(
     advantages = batch.token_advantages[index]
     logits = trainer_logits(state.trainer, batch, index)
     stats = token_stats(logits, batch, index)
-    mask = mask_fn(stats, advantages)
-    loss_mat = per_token_loss(stats.logp, stats.mu_logp, advantages, mask, cfg.ratio_cap)
-    loss = aggregate_loss(loss_mat, valid, cfg.loss_agg_mode)
+    step_out = apply_method(
+        mask_fn, stats, advantages, valid, backend="sim", precision=cfg.precision
+    )
+    mask = step_out.mask
+    loss = aggregate_loss(step_out.token_loss, valid, cfg.loss_agg_mode)
     if not torch.isfinite(loss.detach()):
         raise TrialFailed(f"non-finite policy loss ({loss.item()}) at step {step}")
     state.optimizer.zero_grad(set_to_none=True)

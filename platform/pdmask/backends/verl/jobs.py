@@ -9,8 +9,8 @@ A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``
   reward, and the paper's setup (:class:`~pdmask.backends.verl.jobs_setup.PaperSetup`);
 - ``runtime_env``: the Ray job's environment (it reaches every actor on every node): the pdmask
   plugin module, the MLflow tracking URI, once pdmask has pre-created the trial's run at
-  submission ``MLFLOW_RUN_ID``, and for a recipe the math API does not know, the recipe file
-  itself (``file_recipes``: a new baseline is one file in ``recipes/``, on a cluster too);
+  submission ``MLFLOW_RUN_ID``, and the trial's recipe file itself, as planned (``file_recipes``:
+  a new baseline is one file in ``recipes/``, on a cluster too);
 - ``resources``: nodes, GPUs per node, GPUs, GPU kind (what admission control reserves);
 - ``submission_id``: ``pdm-<sweep>-<trial hash>-a<attempt>`` (the dry run shows attempt 1).
 
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
+from pdmask.backends.verl.loss_names import DEFAULT_TOPK
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
 from pdmask.paths import state_dir
 from pdmask.registry import CLUSTERS, MODELS, PRECISIONS, Sweep, Trial
@@ -200,12 +201,6 @@ def _trial_extra(
         # per trial hash: a retry resumes its own checkpoints, never another trial's
         "trainer.default_local_dir": str(Path(checkpoints) / sweep.name / trial.trial_hash),
     }
-    params = trial.params
-    if trial.method == "grpo-clip-higher":
-        extra[f"{_A}.clip_ratio_low"] = params.get("eps_low", 0.2)
-        extra[f"{_A}.clip_ratio_high"] = params.get("eps_high", 0.28)
-    elif params.get("ratio_cap") is not None:
-        extra[f"+{_A}.policy_loss.pdm_ratio_cap"] = float(params["ratio_cap"])
     if on_cpu(cluster):
         from pdmask.backends.verl.cpu_profile import CPU_OVERRIDES
 
@@ -214,37 +209,13 @@ def _trial_extra(
 
 
 def file_recipe_of(trial: Trial, registry=None):
-    """The recipe file a trial's job must carry (None for a math-API method), and its problems."""
-    from pdmask.backends.verl.file_recipes import FileRecipe, needs_to_travel
+    """The recipe the trial's job carries (its source as planned, never re-read), and problems.
 
-    registry = registry if registry is not None else _project_registry()
-    recipe = registry.recipes.get(trial.method)
-    where = f"trial {trial.run_name()} ({trial.trial_hash})"
-    if recipe is None:
-        return None, [Problem(where, "method", f"no recipe {trial.method!r} in {registry.root}")]
-    if not needs_to_travel(recipe):
-        return None, []
+    ``registry`` is unused: the trial carries its recipe (kept for callers that pass it)."""
+    from pdmask.backends.verl.file_recipes import FileRecipe
+
     # What the recipe needs from a backend was checked when the sweep was expanded for VeRL.
-    return FileRecipe.of(recipe, registry.recipe_files[trial.method], trial.params), []
-
-
-def _project_registry():
-    from pdmask.registry import load_registry
-
-    return load_registry()
-
-
-def _method_problems(trial: Trial) -> list[Problem]:
-    where = f"trial {trial.run_name()} ({trial.trial_hash})"
-    if trial.method == "grpo-clip-higher" and trial.params.get("ratio_cap") is not None:
-        return [
-            Problem(
-                where,
-                "params.ratio_cap",
-                "verl's vanilla loss (grpo-clip-higher) has no truncated-IS cap; leave it unset",
-            )
-        ]
-    return []
+    return FileRecipe.of_trial(trial), []
 
 
 def trial_overrides(
@@ -257,7 +228,7 @@ def trial_overrides(
 ) -> list[str]:
     """verl's Hydra overrides for one trial (raises ValidationFailed naming every problem).
 
-    ``registry``: where the trial's recipe is declared (default: the project's)."""
+    ``registry``: unused (the trial carries its recipe)."""
     file_recipe, recipe_problems = file_recipe_of(trial, registry)
     return _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_problems)
 
@@ -266,7 +237,7 @@ def _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_probl
     settings = settings or JobSettings.from_env()
     setup = setup or setup_for(cluster)
     res = trial_resources(trial, cluster)
-    problems = _resource_problems(trial, cluster, res) + _method_problems(trial) + recipe_problems
+    problems = _resource_problems(trial, cluster, res) + recipe_problems
     if problems:
         raise ValidationFailed(problems)
     try:
@@ -292,7 +263,7 @@ def _generated(trial, sweep, res, settings, setup, file_recipe, cluster) -> list
         n_gpus_per_node=res["gpus_per_node"],
         precision=trial.precision,
         mu_source=trial.mu_source,
-        topk=int(trial.params.get("topk", 20)),
+        topk=int(file_recipe.role_value("topk", DEFAULT_TOPK)),
         experiment=sweep.name,
         run_name=trial.run_name(),
         extra=_trial_extra(trial, sweep, res, settings, setup, cluster),

@@ -7,12 +7,15 @@ modes that verl's FSDP engine calls in turn for every micro-batch:
 
 1. as the logits hook (``student_logits=...``): the per-token statistics (``processor``);
 2. as the loss (``model_output=..., data=...``): the statistics are brought into the padded
-   response frame, the method's mask is computed, and verl's own ``ppo_loss`` runs unchanged
-   (entropy, KL loss, ``global_batch_info`` and metric aggregation stay upstream's). Its call of
-   the registered loss (``pdm_agg``, ``dppo_topk_kl``, ...) finds the mask in a context variable
-   and returns ``-M r A`` aggregated with verl's ``agg_loss``.
+   response frame and verl's own ``ppo_loss`` runs unchanged (entropy, KL loss,
+   ``global_batch_info`` and metric aggregation stay upstream's). Its call of the registered loss
+   (the job's recipe's name: ``pdm_agg``, ``dppo_topk_kl``, ...) finds the statistics and the
+   recipe's method in a context variable and runs the math API's ``apply_method`` -- the recipe's
+   mask and per-token loss on the recipe contract, with verl's differentiable ``log_prob`` -- then
+   aggregates with verl's ``agg_loss``.
 
-``grpo-clip-higher`` is verl's ``vanilla`` loss and goes through ``ppo_loss`` untouched.
+A recipe that is one of verl's own losses (``grpo-clip-higher`` is ``vanilla``) goes through
+``ppo_loss`` untouched.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from verl.workers.utils.padding import no_padding_2_padding
 
 from pdmask.backends.verl import compat
 from pdmask.backends.verl.config import DEFAULT_TOPK
-from pdmask.backends.verl.loss_names import loss_mask, loss_uses_delta, method_for_loss_mode
+from pdmask.backends.verl.file_recipes import FileRecipe, pdmask_losses
 from pdmask.backends.verl.metrics import diagnostic_metrics
 from pdmask.backends.verl.processor import (
     OLD_PHASE,
@@ -40,16 +43,16 @@ from pdmask.backends.verl.processor import (
     stats_from_outputs,
 )
 from pdmask.errors import ConfigError
-from pdmask.trust_region import per_token_loss
+from pdmask.trust_region import Method, TokenStats, apply_method
 
 compat.require(["plugin", "loss"])
 
 
 @dataclass(frozen=True)
 class LossSettings:
-    """The pdmask knobs of an actor config whose ``loss_mode`` is a pdmask method."""
+    """The pdmask knobs of an actor config whose ``loss_mode`` is the job's recipe's."""
 
-    method: str
+    recipe: FileRecipe
     loss_mode: str
     delta: float | None
     topk: int
@@ -59,21 +62,21 @@ class LossSettings:
 
     @classmethod
     def from_actor_config(cls, config) -> LossSettings | None:
-        """None when the configured loss is not one of pdmask's (e.g. ``vanilla``)."""
+        """None when the configured loss is not pdmask's (e.g. ``vanilla``)."""
         policy_loss = config.policy_loss
         loss_mode = policy_loss.get("loss_mode", "vanilla")
-        method = method_for_loss_mode(loss_mode)
-        if method is None:
+        recipe = pdmask_losses().get(loss_mode)
+        if recipe is None:
             return None
         delta = policy_loss.get("pdm_delta", None)
-        if loss_uses_delta(loss_mode) and delta is None:
+        if recipe.uses_delta and delta is None:
             raise ConfigError(
-                f"actor_rollout_ref.actor.policy_loss.pdm_delta: required by {method} (set "
+                f"actor_rollout_ref.actor.policy_loss.pdm_delta: required by {recipe.name} (set "
                 "policy_loss._target_=pdmask.backends.verl.config.PDMPolicyLossConfig and "
                 "+actor_rollout_ref.actor.policy_loss.pdm_delta=<delta>)"
             )
         return cls(
-            method=method,
+            recipe=recipe,
             loss_mode=loss_mode,
             delta=delta,
             topk=policy_loss.get("pdm_topk", DEFAULT_TOPK),
@@ -82,8 +85,13 @@ class LossSettings:
             support=policy_loss.get("pdm_support", "union"),
         )
 
+    def method(self) -> Method:
+        """The recipe's mask and loss, its role parameters set from the job's knobs."""
+        roles = {"delta": self.delta, "topk": self.topk, "ratio_cap": self.ratio_cap}
+        return self.recipe.method(roles)
+
     def stats_settings(self) -> StatsSettings:
-        return StatsSettings(self.method, self.topk, self.chunk_size, self.support)
+        return StatsSettings(self.recipe.name, self.topk, self.chunk_size, self.support)
 
 
 @dataclass
@@ -91,8 +99,10 @@ class _ActiveBatch:
     """What the registered loss needs from the wrapper for the micro-batch being computed."""
 
     loss_mode: str
-    mask: torch.Tensor  # (B, R) bool, True = gradient zeroed
-    ratio_cap: float | None
+    method: Method
+    stats: TokenStats  # (B, R) each, in the loss's padded response frame
+    precision: str | None
+    mask: torch.Tensor | None = None  # (B, R) bool, set by the registered loss
 
 
 _ACTIVE_BATCH: contextvars.ContextVar[_ActiveBatch | None] = contextvars.ContextVar(
@@ -127,9 +137,9 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
     padded = data.select("response_mask", "advantages").to_padded_tensor()
     valid = padded["response_mask"].bool()
     advantages = padded["advantages"].to(stats.ratio.dtype)
-    mask = loss_mask(settings.loss_mode, settings.delta)(stats, advantages) & valid
 
-    token = _ACTIVE_BATCH.set(_ActiveBatch(settings.loss_mode, mask, settings.ratio_cap))
+    active = _ActiveBatch(settings.loss_mode, settings.method(), stats, settings.recipe.precision)
+    token = _ACTIVE_BATCH.set(active)
     try:
         loss, metrics = ppo_loss(config, model_output, data, dp_group)
     finally:
@@ -138,7 +148,7 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
         diagnostic_metrics(
             stats,
             advantages,
-            mask,
+            active.mask,
             valid,
             delta=settings.delta,
             batch_num_tokens=tu.get_non_tensor_data(data, "batch_num_tokens", None),
@@ -159,15 +169,26 @@ def masked_policy_loss(
     *,
     loss_mode: str,
 ):
-    """The registered verl policy loss of a pdmask method: ``-M r A`` through verl's ``agg_loss``."""
+    """The registered verl policy loss of a pdmask method: the recipe's mask and per-token loss
+    (``apply_method``, the one call every backend makes) through verl's ``agg_loss``."""
     batch = _ACTIVE_BATCH.get()
     if batch is None or batch.loss_mode != loss_mode:
         raise RuntimeError(
             f"policy loss {loss_mode!r} needs the per-token top-K statistics of pdmask's actor loss "
             "function; run the job with trainer.v1.trainer_mode=pdm_sync so the actor installs it"
         )
-    mask = batch.mask
-    token_loss = per_token_loss(log_prob, old_log_prob, advantages, mask, batch.ratio_cap)
+    out = apply_method(
+        batch.method,
+        batch.stats,
+        advantages,
+        response_mask,
+        log_prob=log_prob,
+        mu_log_prob=old_log_prob,
+        backend="verl",
+        precision=batch.precision,
+    )
+    mask = batch.mask = out.mask
+    token_loss = out.token_loss
     if rollout_is_weights is not None:
         token_loss = token_loss * rollout_is_weights
     loss = agg_loss(token_loss, response_mask, loss_agg_mode, **config.global_batch_info)

@@ -6,7 +6,7 @@
 The job builder adds what is not pdmask's to decide here (data files, reward function, batch
 sizes, learning rate...) through ``extra``; an ``extra`` key replaces a generated one of the same
 name. Every trial runs on pdmask's trainer (``pdm_sync``), so every run gets the same start-up
-checks, MLflow tags and FAILED status, the ``grpo-clip-higher`` baseline included.
+checks, MLflow tags and FAILED status, a method that is verl's own loss included.
 
 Precisions on verl 0.9.1 (what it supports, found in its code):
 
@@ -28,17 +28,16 @@ import json
 from typing import Any
 
 from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_MAX_LOGPROBS
-from pdmask.backends.verl.loss_names import GRPO_METHOD, MU_SOURCES, verl_loss_name
+from pdmask.backends.verl.loss_names import MU_SOURCES
 from pdmask.errors import Problem, ValidationFailed
-from pdmask.trust_region import METHODS
 
 PRECISIONS = ("bf16", "fp8-rollout", "fp8-e2e")
 PLUGIN_MODULE = "pdmask.backends.verl.plugin"
 POLICY_LOSS_CONFIG = "pdmask.backends.verl.config.PDMPolicyLossConfig"
-# grpo-clip-higher = verl's vanilla clipped surrogate with clip-higher. verl's dual clip (a
-# constant loss for A < 0 and r > clip_ratio_c) is pushed out of reach so the gradient is the math
-# API's grpo-clip-higher exactly (tests/verl/test_loss_path.py checks it).
-GRPO_CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 1.0e9}
+# A recipe that is verl's vanilla clipped surrogate runs it with the recipe's clip parameters
+# (roles clip_low / clip_high). verl's dual clip (a constant loss for A < 0 and r > clip_ratio_c) is
+# pushed out of reach so the gradient is the recipe's exactly (tests/verl/test_loss_path.py).
+NATIVE_DUAL_CLIP_OFF = {"clip_ratio_c": 1.0e9}
 
 _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.rollout"
@@ -58,24 +57,40 @@ def _value(v: Any) -> str:
     return str(v)
 
 
-def _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, file_recipe) -> None:
-    problems = []
+def _project_recipe(method: str, problems: list[Problem]):
+    """The project's recipe ``method`` with its default parameters, as a job would carry it."""
+    from pdmask.backends.verl.file_recipes import FileRecipe
+    from pdmask.registry import load_registry
 
+    reg = load_registry()
+    recipe = reg.recipes.get(method)
+    if recipe is None:
+        known = ", ".join(sorted(reg.recipes))
+        problems.append(
+            Problem("verl overrides", "method", f"unknown method {method!r}; known: {known}")
+        )
+        return None
+    return FileRecipe.of(recipe, recipe.resolve_params({})[0])
+
+
+def _check(
+    method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, file_recipe, problems
+) -> None:
     def need(ok: bool, field: str, message: str) -> None:
         if not ok:
             problems.append(Problem("verl overrides", field, message))
 
-    carried = file_recipe is not None
-    need(
-        method in METHODS or carried,
-        "method",
-        f"unknown method {method!r}; known: {', '.join(sorted(METHODS))} (or pass its file_recipe)",
-    )
-    need(
-        not carried or file_recipe.name == method,
-        "file_recipe",
-        f"carries recipe {getattr(file_recipe, 'name', None)!r}, not {method!r}",
-    )
+    if file_recipe is not None:
+        need(
+            file_recipe.name == method,
+            "file_recipe",
+            f"carries recipe {file_recipe.name!r}, not {method!r}",
+        )
+        need(
+            not file_recipe.native or file_recipe.role_value("ratio_cap") is None,
+            "params.ratio_cap",
+            f"verl's own loss {file_recipe.loss_mode!r} has no truncated-IS cap; leave it unset",
+        )
     need(precision in PRECISIONS, "precision", f"must be one of {PRECISIONS}, got {precision!r}")
     need(mu_source in MU_SOURCES, "mu_source", f"must be one of {MU_SOURCES}, got {mu_source!r}")
     need(isinstance(topk, int) and topk >= 1, "topk", f"must be an integer >= 1, got {topk!r}")
@@ -97,9 +112,7 @@ def _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, f
 
 
 def _uses_delta(method: str, file_recipe) -> bool:
-    if file_recipe is not None:
-        return file_recipe.uses_delta
-    return method in METHODS and METHODS[method].uses_delta
+    return file_recipe is not None and file_recipe.uses_delta
 
 
 def verl_overrides(
@@ -119,11 +132,17 @@ def verl_overrides(
 ) -> list[str]:
     """``key=value`` overrides for verl 0.9.1's ``ppo_trainer`` config running ``method``.
 
-    ``file_recipe`` (a :class:`~pdmask.backends.verl.file_recipes.FileRecipe`): the method is a
-    recipe file the job carries in its environment (``job_env``), not a math-API method.
+    ``file_recipe`` (a :class:`~pdmask.backends.verl.file_recipes.FileRecipe`): the trial's
+    recipe, which the job carries in its environment (``job_env``); None: the project's recipe
+    named ``method`` with its default parameters.
     """
-    _check(method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, file_recipe)
-    is_pdmask_loss = method != GRPO_METHOD or file_recipe is not None
+    problems: list[Problem] = []
+    if file_recipe is None:
+        file_recipe = _project_recipe(method, problems)
+    _check(
+        method, delta, nnodes, n_gpus_per_node, precision, mu_source, topk, file_recipe, problems
+    )
+    is_pdmask_loss = not file_recipe.native
     rollout_topk = is_pdmask_loss and mu_source == "rollout"
     o: dict[str, Any] = {
         "algorithm.adv_estimator": "grpo",
@@ -141,7 +160,7 @@ def verl_overrides(
         f"{_A}.use_dynamic_bsz": True,
         f"{_R}.log_prob_use_dynamic_bsz": True,
         f"{_PL}._target_": POLICY_LOSS_CONFIG,
-        f"{_PL}.loss_mode": file_recipe.loss_mode if file_recipe else verl_loss_name(method),
+        f"{_PL}.loss_mode": file_recipe.loss_mode,
         f"+{_PL}.pdm_mu_source": mu_source,
         f"+{_PL}.pdm_topk": topk,
         f"{_R}.name": "vllm",
@@ -160,8 +179,12 @@ def verl_overrides(
     }
     if _uses_delta(method, file_recipe):
         o[f"+{_PL}.pdm_delta"] = delta
-    if not is_pdmask_loss:
-        o.update({f"{_A}.{key}": value for key, value in GRPO_CLIP.items()})
+    if not is_pdmask_loss:  # the recipe's clip parameters become verl's
+        o[f"{_A}.clip_ratio_low"] = file_recipe.role_value("clip_low", 0.2)
+        o[f"{_A}.clip_ratio_high"] = file_recipe.role_value("clip_high", 0.28)
+        o.update({f"{_A}.{key}": value for key, value in NATIVE_DUAL_CLIP_OFF.items()})
+    elif file_recipe.role_value("ratio_cap") is not None:
+        o[f"+{_PL}.pdm_ratio_cap"] = float(file_recipe.role_value("ratio_cap"))
     if rollout_topk:
         o[f"+{_R}.custom.pdm_topk"] = topk
         o[f"{_R}.agent.default_agent_loop"] = AGENT_LOOP

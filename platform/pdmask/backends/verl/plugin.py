@@ -9,8 +9,8 @@ Two ways in, both set up by the job builder (``overrides.job_env``):
   the module on ``import verl`` and fails loudly if that fails.
 
 Importing this module must stay cheap and safe in every process, vLLM's included: no vllm, no CUDA.
-It checks the verl version and registers pdmask's policy losses at once (``import verl`` then
-shows them in verl's registry); the loss code itself is imported on the first call. The trainer,
+It checks the verl version and registers the policy loss of its job's recipe at once
+(``import verl`` then shows it in verl's registry); the loss code itself is imported on the first call. The trainer,
 the agent loop and the vLLM replica are registered lazily, right after verl itself imports the
 registry they go into, so processes that never use them (vLLM workers, reward workers) do not pay
 for importing them.
@@ -52,8 +52,8 @@ def _policy_loss(loss_mode: str) -> Callable:
 
 
 def register_losses() -> None:
-    """Every pdmask method, and every recipe file the job carries, into verl's policy-loss
-    registry (idempotent)."""
+    """The loss of the recipe this process's job carries into verl's policy-loss registry
+    (idempotent; nothing outside such a job)."""
     for loss_mode in pdm_loss_modes():
         register_policy_loss(loss_mode)(_policy_loss(loss_mode))
 

@@ -1,0 +1,182 @@
+"""Run every recipe on small synthetic batches before anything launches.
+
+A recipe's mask and loss are code; the registry's field checks cannot tell that a mask returns
+``[B]`` instead of ``[B, T]`` or that a loss is NaN on short responses. So ``pdm validate`` and
+``pdm sweep`` (``--dry-run`` too) run each recipe's mask and loss, through the math API's
+``apply_method`` exactly as training does, on a tiny synthetic batch in the layout of each backend:
+
+- ``sim``: the embedded trainer's frame; padding holds real (meaningless) statistics; float32 and
+  float64 (the math keeps float64 in float64);
+- ``verl``: verl's padded response frame; padding is zero-filled; log-probs come from a separate
+  leaf, as verl's do; float32.
+
+Each batch has responses of different lengths (one of a single token) and advantages of both
+signs. A recipe passes when its mask is a bool ``[B, T]``, its loss a ``[B, T]`` tensor of the
+batch's dtype that is finite on every valid token and carries a finite gradient to the policy's
+log-probs. Every problem names the recipe file, the function (``mask``/``loss``) and its line.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from typing import Any
+
+from pdmask.errors import Problem, RecipeError
+from pdmask.registry.recipes import Recipe
+
+LAYOUTS = (("sim", "float32"), ("sim", "float64"), ("verl", "float32"))
+_LENGTHS = (6, 1, 4, 3)  # one full row, one single-token response, padding of every width
+_ADVANTAGES = (1.0, -1.0, 0.5, -0.7)
+_VOCAB, _TOPK = 24, 4
+
+
+@dataclass
+class _Synthetic:
+    stats: Any
+    advantages: Any
+    response_mask: Any
+    log_prob: Any  # the differentiable log pi passed to the method (None: stats.logp)
+    mu_log_prob: Any
+    leaf: Any  # what the gradient must reach
+
+
+def synthetic_batch(layout: str, dtype_name: str, seed: int = 0) -> _Synthetic:
+    """A small batch of ``len(_LENGTHS)`` responses in a backend's layout (see the docstring);
+    a fresh one per check, so that a recipe that writes into its inputs harms no other check."""
+    import torch
+
+    from pdmask.trust_region import compute_token_stats
+
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(seed)
+    b, t = len(_LENGTHS), max(_LENGTHS)
+    valid = torch.arange(t)[None, :] < torch.tensor(_LENGTHS)[:, None]
+    logits = (2 * torch.randn(b, t, _VOCAB, generator=gen, dtype=torch.float64)).to(dtype)
+    mu_logp = torch.log_softmax(logits.double() + torch.randn(logits.shape, generator=gen), -1)
+    sampled = torch.multinomial(mu_logp.exp().reshape(-1, _VOCAB), 1, generator=gen).reshape(b, t)
+    top_lp, top_ids = mu_logp.topk(_TOPK, -1)
+    mu_k = mu_logp.gather(-1, sampled[..., None]).squeeze(-1)
+    advantages = torch.where(valid, torch.tensor(_ADVANTAGES, dtype=dtype)[:, None], 0.0)
+    leaf = logits.clone().requires_grad_(True)
+    stats = compute_token_stats(leaf, sampled, top_ids, top_lp.to(dtype), mu_k.to(dtype))
+    if layout == "sim":
+        return _Synthetic(stats, advantages, valid, None, None, leaf)
+    # verl: every statistic zero on padding (no_padding_2_padding), log-probs its own leaf.
+    zeroed = {}
+    for f in fields(stats):
+        value = getattr(stats, f.name)
+        if isinstance(value, torch.Tensor):
+            value = torch.where(valid, value.detach(), torch.zeros_like(value))
+        zeroed[f.name] = value
+    stats = type(stats)(**zeroed)
+    log_prob = stats.logp.clone().requires_grad_(True)
+    return _Synthetic(stats, advantages, valid, log_prob, stats.mu_logp, log_prob)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """Tiny tensors: torch's thread pool only costs here (seconds on a busy machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def check_recipe(recipe: Recipe, params: Mapping[str, Any] | None = None) -> list[Problem]:
+    """Every contract problem of ``recipe`` with ``params`` (default: its defaults)."""
+    if params is None:
+        params, errors = recipe.resolve_params({})
+        if errors:  # already reported by the recipe's own validation
+            return []
+    with _one_thread():
+        return _check(recipe, params)
+
+
+def _check(recipe: Recipe, params: Mapping[str, Any]) -> list[Problem]:
+    import torch
+
+    from pdmask.trust_region import apply_method
+
+    method = recipe.method(params)
+    problems: list[Problem] = []
+    for layout, dtype_name in LAYOUTS:
+        where = f"on a synthetic {layout} batch ({dtype_name})"
+        data = synthetic_batch(layout, dtype_name)
+        try:
+            out = apply_method(
+                method,
+                data.stats,
+                data.advantages,
+                data.response_mask,
+                log_prob=data.log_prob,
+                mu_log_prob=data.mu_log_prob,
+                backend=layout,
+                precision="bf16",
+            )
+        except RecipeError as err:
+            p = err.problem
+            problems.append(Problem(p.file, p.field, f"{p.message} {where}", p.line))
+            break  # the same bug fails every layout: report it once
+        loss_line = recipe.line_of(recipe.loss)
+        valid = data.response_mask
+        bad = int((~torch.isfinite(out.token_loss) & valid).sum())
+        if bad:
+            problems.append(
+                Problem(
+                    recipe.origin, "loss", f"not finite on {bad} valid token(s) {where}", loss_line
+                )
+            )
+            break
+        if not out.token_loss.requires_grad:
+            problems.append(
+                Problem(
+                    recipe.origin,
+                    "loss",
+                    "carries no gradient: build it from batch.log_prob (batch.stats is detached)",
+                    loss_line,
+                )
+            )
+            break
+        torch.where(valid, out.token_loss, 0.0).sum().backward()
+        grad = data.leaf.grad
+        if grad is None or not bool(torch.isfinite(grad).all()):
+            problems.append(
+                Problem(recipe.origin, "loss", f"its gradient is not finite {where}", loss_line)
+            )
+            break
+    return problems
+
+
+def check_recipes(
+    recipes: Mapping[str, Recipe], trials: Iterable[Any] = (), *, defaults: bool = True
+) -> list[Problem]:
+    """Run the check for every recipe with its defaults (``defaults``) and for every distinct
+    (recipe, parameters) of ``trials``; each problem once."""
+    todo: dict[tuple[str, str], tuple[Recipe, Mapping[str, Any] | None]] = {}
+    if defaults:
+        for name, recipe in recipes.items():
+            todo[(name, "")] = (recipe, None)
+    for trial in trials:
+        recipe = recipes.get(trial.method)
+        if (
+            recipe is None
+            or recipe.source is None
+            or recipe.source.hash != trial.recipe_source.hash
+        ):
+            recipe = trial.recipe()
+        todo.setdefault(
+            (trial.method, json.dumps(trial.params, sort_keys=True)), (recipe, trial.params)
+        )
+    problems: list[Problem] = []
+    for recipe, params in todo.values():
+        for problem in check_recipe(recipe, params):
+            if problem not in problems:
+                problems.append(problem)
+    return problems

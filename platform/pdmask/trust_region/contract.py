@@ -1,0 +1,93 @@
+"""The recipe contract: the one object a recipe's mask and loss receive, on every backend.
+
+A backend hands the math API one micro-batch in the **padded response frame** and the math API
+wraps it, with the recipe's resolved parameters, in a :class:`RecipeBatch`:
+
+- **Layout.** Row ``b`` is one response (one sampled sequence); column ``t`` is its ``t``-th
+  response token. Prompts are not in the frame. Valid tokens fill a prefix of each row
+  (``response_mask``); the rest is padding. So ``B`` = responses in the micro-batch, ``T`` = the
+  longest response there. A GRPO group's responses are separate rows, in no guaranteed order.
+- **Shapes.** Every tensor is ``[B, T]`` (``stats`` too: each of its fields), except
+  ``sequence_lengths`` (``[B]``). Floats are in the compute dtype: float32 (float64 when the
+  backend computes in float64, e.g. a float64 reference in a test), ``batch.dtype``.
+- **Padding** holds finite values that mean nothing: whatever the backend computed there (the
+  embedded trainer) or zeros (verl's padded frame). Use ``response_mask``; never assume padding
+  has ``A = 0`` or any other value.
+- **Gradients.** Only ``log_prob`` carries one (to the policy's logits). ``stats`` is detached on
+  every backend: a loss built from ``stats.logp`` would train nothing.
+- **Read-only.** The tensors are the backend's own; a hook returns new tensors and never writes
+  into these (no in-place ops on them).
+
+A mask returns a bool ``[B, T]`` tensor, True = the token's gradient is zeroed. A loss returns the
+per-token loss ``[B, T]`` in ``batch.dtype``; the math API zeroes it on masked and padding tokens
+and the backend aggregates it with verl's loss-aggregation modes (``token-mean`` by default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pdmask.trust_region.stats import TokenStats
+
+
+@dataclass(frozen=True)
+class RecipeBatch:
+    """One micro-batch as a recipe sees it (see the module docstring for layout and shapes)."""
+
+    stats: TokenStats
+    """Per-token trust-region statistics (``kl_topk``, ``ratio``, ``ddot_agg``, ...), ``[B, T]``
+    each, detached."""
+    log_prob: torch.Tensor
+    """``[B, T]`` log pi(y_t) of the policy being trained; the policy gradient flows through it."""
+    mu_log_prob: torch.Tensor
+    """``[B, T]`` log mu(y_t), the behaviour policy's log-prob of the sampled token (detached):
+    the rollout engine's (``mu_source=rollout``) or the old policy's (``recompute``)."""
+    advantages: torch.Tensor
+    """``[B, T]`` advantage of each token (GRPO: its sequence's group-normalised reward)."""
+    response_mask: torch.Tensor
+    """``[B, T]`` bool, True on the tokens that count (a prefix of each row)."""
+    params: Mapping[str, Any]
+    """The recipe's parameters, defaults resolved, as the trial sets them."""
+    backend: str
+    """Who runs it: ``"sim"`` (the embedded trainer), ``"verl"`` (the VeRL plugin), or what a
+    direct caller of the math API says (``policy_loss``: ``"math"``)."""
+    precision: str | None
+    """The trial's precision setting (``bf16``, ``fp8-rollout``, ``fp8-e2e``), None if unknown."""
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The compute dtype of every float tensor here."""
+        return self.log_prob.dtype
+
+    @property
+    def sequence_lengths(self) -> torch.Tensor:
+        """``[B]`` long: valid response tokens per row."""
+        return self.response_mask.sum(-1)
+
+    @property
+    def log_ratio(self) -> torch.Tensor:
+        """``[B, T]`` log r_t = log pi(y_t) - log mu(y_t), differentiable."""
+        return self.log_prob - self.mu_log_prob
+
+    @property
+    def ratio(self) -> torch.Tensor:
+        """``[B, T]`` r_t = pi(y_t) / mu(y_t), differentiable (``stats.ratio`` is its detached
+        value)."""
+        return self.log_ratio.exp()
+
+    def sequence_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B]``: the sum of ``[B, T]`` values over each response's valid tokens."""
+        return torch.where(self.response_mask, values, torch.zeros_like(values)).sum(-1)
+
+    def sequence_mean(self, values: torch.Tensor) -> torch.Tensor:
+        """``[B]``: the mean over each response's valid tokens (0 for a response without any)."""
+        lengths = self.sequence_lengths.clamp_min(1).to(values.dtype)
+        return self.sequence_sum(values) / lengths
+
+    def per_token(self, sequence_values: torch.Tensor) -> torch.Tensor:
+        """``[B] -> [B, T]``: one value per response broadcast to its tokens."""
+        return sequence_values[:, None].expand(self.response_mask.shape)
