@@ -51,6 +51,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-figures", action="store_true", help="do not build the sweep's figures at the end"
     )
+    parser.add_argument(
+        "--max-trials",
+        type=int,
+        default=None,
+        help="confirm a grid larger than the default cap (or the sweep's max_trials)",
+    )
     parser.set_defaults(func=run)
     return parser
 
@@ -66,7 +72,13 @@ def _status_lookup(args, sweep_name):
 
 def run(args: argparse.Namespace) -> int:
     reg = load_registry()
-    trials = reg.expand(args.name, backend=args.backend, profile=args.profile, cluster=args.cluster)
+    trials = reg.expand(
+        args.name,
+        backend=args.backend,
+        profile=args.profile,
+        cluster=args.cluster,
+        max_trials=args.max_trials,
+    )
     sweep = reg.sweep(args.name)
     cluster = args.cluster or sweep.cluster
     if args.dry_run:

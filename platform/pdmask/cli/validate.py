@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from pdmask.cli._output import console
-from pdmask.errors import ValidationFailed
 from pdmask.registry import load_registry
 
 COMMAND = "validate"
@@ -21,17 +20,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pdmask.orchestration.preflight import validate_sweeps
+
     reg = load_registry()
-    problems = list(reg.problems)
-    names = args.sweeps or sorted(reg.sweeps)
-    counts = {}
-    for name in names:
-        try:
-            counts[name] = len(reg.expand(name))
-        except ValidationFailed as err:
-            problems += [p for p in err.problems if p not in problems]
-    if problems:
-        raise ValidationFailed(problems)
+    counts = validate_sweeps(reg, args.sweeps or None)
     out = console()
     out.print(f"{len(reg.recipes)} recipes, {len(reg.sweeps)} sweeps: all valid")
     for name, n in counts.items():
