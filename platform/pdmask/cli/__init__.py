@@ -40,12 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not hasattr(args, "func"):
-        parser.print_help()
-        sys.exit(0)
-    try:
+    try:  # a Ctrl-C while the commands are imported is an interrupt too, not a traceback
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not hasattr(args, "func"):
+            parser.print_help()
+            sys.exit(0)
         code = args.func(args)
     except PdmError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -89,6 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _print_plan(args, reg, sweep, trials, cluster) -> int:
+    from pdmask.tracking.store import redact
+
     status_of = _status_lookup(args, sweep.name)
     rows = plan_rows(trials, cluster, status_of)
     if args.backend == "verl" or (args.backend is None and sweep.backend == "verl"):
@@ -159,6 +161,6 @@ def _print_plan(args, reg, sweep, trials, cluster) -> int:
         for t, spec in zip(trials, specs, strict=True):
             out.print(f"\n[bold]{t.run_name()}[/bold] ({t.trial_hash})")
             out.print(f"  entrypoint: {spec['entrypoint']}")
-            out.print(f"  runtime_env: {spec['runtime_env']}")
+            out.print(f"  runtime_env: {redact(str(spec['runtime_env']))}")  # no passwords
             out.print(f"  resources: {spec['resources']}")
     return 0
