@@ -7,7 +7,7 @@ import os
 
 from pdmask.cli._output import console, print_json, table
 from pdmask.registry import CLUSTERS, load_registry, plan_rows
-from pdmask.registry.plan import concurrent_trials
+from pdmask.registry.plan import TABLE_ROWS, concurrent_trials, grouped_rows
 
 COMMAND = "sweep"
 
@@ -123,7 +123,7 @@ def _print_plan(args, reg, sweep, trials, cluster) -> int:
         "GPU-h",
         "status",
     ]
-    body = [
+    body = [  # built only for a plan short enough to list trial by trial
         [
             r.trial_hash[:10],
             r.method,
@@ -135,9 +135,12 @@ def _print_plan(args, reg, sweep, trials, cluster) -> int:
             f"{r.est_gpu_hours:g}",
             r.status,
         ]
-        for r in rows
+        for r in rows[: TABLE_ROWS + 1]
     ]
     backend = rows[0].backend if rows else sweep.backend
+    if len(rows) > TABLE_ROWS:  # one line per setting (`--json` lists every trial)
+        cols = ["method", "model", "precision", "delta", "trials", "seeds", "GPU-h", "status"]
+        body = grouped_rows(rows)
     out.print(
         table(
             f"sweep {sweep.name}: {len(rows)} trials on backend {backend} "

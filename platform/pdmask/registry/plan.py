@@ -70,3 +70,28 @@ def concurrent_trials(rows: list[PlanRow], cluster: str) -> int:
         used += gpus
         fits += 1
     return fits
+
+
+# A printed plan lists at most this many trials one by one; a larger one is summarised per
+# setting (a terminal table of 10^5 rows took minutes to lay out). `--json` lists every trial.
+TABLE_ROWS = 200
+
+
+def grouped_rows(rows: list[PlanRow]) -> list[list]:
+    """One line per (method, model, precision, delta, status): trials, seeds and GPU-hours."""
+    groups: dict[tuple, list[PlanRow]] = {}
+    for r in rows:
+        groups.setdefault((r.method, r.model, r.precision, r.delta, r.status), []).append(r)
+    return [
+        [
+            method,
+            model.removeprefix("qwen3-").removesuffix("-base"),
+            precision,
+            "-" if delta is None else f"{delta:g}",
+            len(members),
+            len({m.seed for m in members}),
+            f"{sum(m.est_gpu_hours for m in members):,.0f}",
+            status,
+        ]
+        for (method, model, precision, delta, status), members in groups.items()
+    ]
