@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 
 # Explicit settings that keep a later `ray start` usable (token auth is switched on by an auth token
 # file that ray.init() would otherwise create) and keep the machine quiet.
@@ -30,6 +31,7 @@ QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_SIGINT_HANDLER": "1"}
 # Ray's single-machine mode: every process of the instance binds to loopback (see above).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOOPBACK = "127.0.0.1"
+START_ATTEMPTS = 2
 
 
 def connect(address: str | None, env_vars: dict[str, str]) -> bool:
@@ -46,21 +48,22 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         return False
-    from pdmask.orchestration.reaper import start_reaper
+    from pdmask.orchestration.reaper import reap, start_reaper
 
-    start_reaper()
-    cpus = os.cpu_count() or 2
+    token = start_reaper()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        ray.init(
-            num_cpus=cpus,
-            object_store_memory=1 << 30,  # 1 GiB: trials exchange metrics, not tensors
-            include_dashboard=False,
-            log_to_driver=False,
-            runtime_env={"env_vars": {**runtime_env["env_vars"], **LOOPBACK_ENV}},
-            configure_logging=False,
-            _node_ip_address=LOOPBACK,
-        )
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                _init_embedded(ray, runtime_env["env_vars"])
+                break
+            except Exception as err:
+                # Ray's raylet gives its agents 15 s to start; on a loaded machine their first
+                # imports can take longer. The next attempt finds them in the page cache.
+                if attempt == START_ATTEMPTS or "timed out during startup" not in str(err):
+                    raise
+                print(f"Ray did not start in time ({err}); trying again", file=sys.stderr)
+                reap(token, grace=2.0)  # what the failed attempt left running
     finally:
         # A Ctrl-C pressed meanwhile was held back, not lost: it is delivered now.
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
@@ -71,11 +74,21 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
     return True
 
 
+def _init_embedded(ray, env_vars: dict[str, str]) -> None:
+    ray.init(
+        num_cpus=os.cpu_count() or 2,
+        object_store_memory=1 << 30,  # 1 GiB: trials exchange metrics, not tensors
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {**env_vars, **LOOPBACK_ENV}},
+        configure_logging=False,
+        _node_ip_address=LOOPBACK,
+    )
+
+
 def _loopback_mode() -> None:
     """Ray's single-machine mode, for this process and every process it starts."""
     os.environ.update(LOOPBACK_ENV)
-    import sys
-
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None:  # Ray was imported already: its switch was read from the old env
         constants.ENABLE_RAY_CLUSTER = False

@@ -143,6 +143,8 @@ def execute(
     if not todo:
         return SweepOutcome(0, 0, skipped, 0, _best(client, experiment_id, sweep))
     interrupts = interrupts or Interrupts()
+    if interrupts.requested:  # stopped while the store was checked: start nothing
+        return _settle(client, experiment_id, sweep, trials, skipped, console)
 
     env = {"PDM_PROJECT": str(root), "PDM_HOME": str(state_dir()), "MLFLOW_TRACKING_URI": uri}
     started_ray = connect(address, env)

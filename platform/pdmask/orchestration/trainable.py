@@ -65,10 +65,11 @@ def run_trial(config: dict[str, Any]) -> None:
             tune.report({**base, "pdm_outcome": "already-done"})
             return
         try:
-            _train(config, trial, run, base, redact(uri))
+            final = _train(config, trial, run, base, redact(uri))
         except ConfigError as err:  # never retried: the same input fails the same way
             run.fail(f"configuration error: {err}", final=True, kind="config")
             tune.report({**base, "pdm_outcome": "config-error", "pdm_error": str(err)[:500]})
+            return
         except (KeyboardInterrupt, SystemExit):
             # Tune stopping the trial (it raises SystemExit inside tune.report): the trial is
             # resumable, not failed.
@@ -78,10 +79,14 @@ def run_trial(config: dict[str, Any]) -> None:
             reason = f"{type(err).__name__}: {err}".strip()
             run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:], final=True)
             raise
+        tune.report(final)  # after the run is FINISHED: a stop arriving now cannot touch it
 
 
-def _train(config: dict[str, Any], trial: Trial, run, base: dict[str, Any], where: str) -> None:
-    """Train ``trial`` into its open ``run``, reporting to Tune; finishes the run."""
+def _train(
+    config: dict[str, Any], trial: Trial, run, base: dict[str, Any], where: str
+) -> dict[str, Any]:
+    """Train ``trial`` into its open ``run``, reporting to Tune; finishes the run and returns
+    the final report."""
     from ray import tune
 
     from pdmask.backends.dispatch import planned_steps, run_backend
@@ -119,4 +124,4 @@ def _train(config: dict[str, Any], trial: Trial, run, base: dict[str, Any], wher
     final = {**base, "pdm_outcome": "finished", "pdm_step": run.last_step}
     if objective and objective in latest:
         final["pdm_objective"] = latest[objective]
-    tune.report(final)
+    return final
