@@ -180,5 +180,10 @@ def test_a_huge_grid_is_refused_before_it_is_expanded_unless_confirmed(project):
     out = pdm("sweep", "big", "--dry-run", "--json", "--max-trials", "1200", project=project)
     assert out.returncode == 0, out.stderr
     assert len(json.loads(out.stdout)["trials"]) == 1200
+    # printed, a plan that long is one line per setting, not 1,200 lines
+    out = pdm("sweep", "big", "--dry-run", "--max-trials", "1200", project=project)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stdout.splitlines() if ln.split()[-1:] == ["todo"]]
+    assert len(lines) == 3 and all(" 400 " in ln for ln in lines), out.stdout
     (project / "sweeps" / "big.yaml").write_text(f"name: big\nmax_trials: 1200\n{body}")
     assert len(load_registry(project).expand("big")) == 1200

@@ -78,20 +78,30 @@ TABLE_ROWS = 200
 
 
 def grouped_rows(rows: list[PlanRow]) -> list[list]:
-    """One line per (method, model, precision, delta, status): trials, seeds and GPU-hours."""
+    """One line per (method, model, precision, status): its deltas, trials, seeds, GPU-hours."""
     groups: dict[tuple, list[PlanRow]] = {}
     for r in rows:
-        groups.setdefault((r.method, r.model, r.precision, r.delta, r.status), []).append(r)
-    return [
-        [
-            method,
-            model.removeprefix("qwen3-").removesuffix("-base"),
-            precision,
-            "-" if delta is None else f"{delta:g}",
-            len(members),
-            len({m.seed for m in members}),
-            f"{sum(m.est_gpu_hours for m in members):,.0f}",
-            status,
-        ]
-        for (method, model, precision, delta, status), members in groups.items()
-    ]
+        groups.setdefault((r.method, r.model, r.precision, r.status), []).append(r)
+    out = []
+    for (method, model, precision, status), members in groups.items():
+        deltas = sorted({m.delta for m in members if m.delta is not None})
+        shown = (
+            "-"
+            if not deltas
+            else f"{deltas[0]:g}"
+            if len(deltas) == 1
+            else f"{deltas[0]:g}..{deltas[-1]:g} ({len(deltas)})"
+        )
+        out.append(
+            [
+                method,
+                model.removeprefix("qwen3-").removesuffix("-base"),
+                precision,
+                shown,
+                len(members),
+                len({m.seed for m in members}),
+                f"{sum(m.est_gpu_hours for m in members):,.0f}",
+                status,
+            ]
+        )
+    return out
