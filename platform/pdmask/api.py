@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdmask.errors import ValidationFailed
 from pdmask.orchestration.options import SweepOptions
 from pdmask.registry import Registry, Trial, load_registry
 
@@ -25,7 +24,9 @@ class SweepResult:
     """How an invocation ended and where its runs are."""
 
     sweep: str
-    exit_code: int  # 0: every trial finished; 1: some failed or were interrupted (rerun resumes)
+    # 0: every trial finished; 1: some failed or a figure could not be drawn; 2: a trial's
+    # configuration was refused; 130: interrupted (rerunning resumes)
+    exit_code: int
     tracking_uri: str
     trials: tuple[Trial, ...]
 
@@ -54,14 +55,16 @@ def run_sweep(sweep: str, options: SweepOptions | None = None) -> SweepResult:
 
 
 def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:
-    """The sweep's trials, after its recipes' code ran on synthetic batches of each backend's
-    layout (``registry.recipe_check``). Raises ``ValidationFailed`` with every problem at once."""
-    from pdmask.registry.recipe_check import check_recipes
+    """The sweep's trials after every check made before launch (``orchestration.preflight``):
+    the grid, its recipes' code on synthetic batches, its dashboards. Raises
+    ``ValidationFailed`` with every problem at once."""
+    from pdmask.orchestration.preflight import checked_trials
 
-    trials = reg.expand(
-        sweep, backend=options.backend, profile=options.profile, cluster=options.cluster
+    return checked_trials(
+        reg,
+        sweep,
+        backend=options.backend,
+        profile=options.profile,
+        cluster=options.cluster,
+        max_trials=options.max_trials,
     )
-    problems = check_recipes(reg.recipes, trials, defaults=False)
-    if problems:
-        raise ValidationFailed(problems)
-    return trials

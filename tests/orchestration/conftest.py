@@ -56,7 +56,9 @@ def pdm(project: Path, *args: str, timeout: float = 300) -> subprocess.Completed
     )
 
 
-def pdm_background(project: Path, *args: str) -> subprocess.Popen:
+def pdm_background(project: Path, *args: str, **popen) -> subprocess.Popen:
+    """``popen``: more Popen arguments, e.g. ``start_new_session=True`` (a process group of its
+    own, to which a test sends a Ctrl-C as a terminal does)."""
     return subprocess.Popen(
         [sys.executable, "-m", "pdmask", *args],
         stdout=subprocess.PIPE,
@@ -64,6 +66,7 @@ def pdm_background(project: Path, *args: str) -> subprocess.Popen:
         text=True,
         env=env_for(project),
         cwd=project,
+        **popen,
     )
 
 
@@ -92,3 +95,23 @@ grid:
   precision: [bf16]
   delta: [0.15]
 """
+
+ONE_TRIAL = """backend: sim
+profile: smoke
+seeds: 1
+max_concurrent: 1
+retries: 2
+grid:
+  method: [pdm-agg]
+  model: [qwen3-4b-base]
+  precision: [fp8-rollout]
+  delta: [0.15]
+"""
+
+TWO_TRIALS = FOUR_TRIALS.replace("seeds: 2", "seeds: 1")
+
+
+def store_client(project: Path, db: str = "mlflow.db"):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(f"sqlite:///{project / '.pdm' / db}")

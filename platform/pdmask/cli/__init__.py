@@ -137,4 +137,8 @@ def _root(
 
 def main(argv: list[str] | None = None) -> None:
     """The console script `pdm` (and `python -m pdmask`); always exits (SystemExit)."""
-    app(args=argv, prog_name="pdm")
+    try:  # a Ctrl-C while the commands are imported is an interrupt too, not a traceback
+        app(args=argv, prog_name="pdm")
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -52,6 +52,15 @@ def sweep(
     max_concurrent: Annotated[
         int | None, typer.Option(min=1, help="Cap on trials running at once.", rich_help_panel=GRID)
     ] = None,
+    max_trials: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Confirm a grid of up to this many trials, above the default cap (or the "
+            "sweep's max_trials).",
+            rich_help_panel=GRID,
+        ),
+    ] = None,
     figures: Annotated[
         bool,
         typer.Option(
@@ -95,7 +104,8 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     from pdmask.api import plan
     from pdmask.console import console, print_json, table
     from pdmask.registry import CLUSTERS, load_registry, plan_rows
-    from pdmask.registry.plan import concurrent_trials
+    from pdmask.registry.plan import TABLE_ROWS, concurrent_trials, grouped_rows
+    from pdmask.tracking.store import redact
 
     reg = load_registry()
     trials = plan(reg, name, options)
@@ -133,7 +143,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
         "GPU-h",
         "status",
     ]
-    body = [
+    body = [  # built only for a plan short enough to list trial by trial
         [
             r.trial_hash[:10],
             r.method,
@@ -145,9 +155,12 @@ def _print_plan(name: str, options, as_json: bool) -> None:
             f"{r.est_gpu_hours:g}",
             r.status,
         ]
-        for r in rows
+        for r in rows[: TABLE_ROWS + 1]
     ]
     backend = rows[0].backend if rows else sweep.backend
+    if len(rows) > TABLE_ROWS:  # one line per setting (`--json` lists every trial)
+        cols = ["method", "model", "precision", "delta", "trials", "seeds", "GPU-h", "status"]
+        body = grouped_rows(rows)
     out.print(
         table(
             f"sweep {sweep.name}: {len(rows)} trials on backend {backend} "
@@ -171,5 +184,5 @@ def _print_plan(name: str, options, as_json: bool) -> None:
         for t, spec in zip(trials, specs, strict=True):
             out.print(f"\n[bold]{t.run_name()}[/bold] ({t.trial_hash})")
             out.print(f"  entrypoint: {spec['entrypoint']}")
-            out.print(f"  runtime_env: {spec['runtime_env']}")
+            out.print(f"  runtime_env: {redact(str(spec['runtime_env']))}")  # no passwords
             out.print(f"  resources: {spec['resources']}")

@@ -10,17 +10,28 @@ which cell), ``history`` (metric histories via a cache), ``metric_names`` (``@``
 (matplotlib), ``summary`` (the table), ``build`` (all of it, plus the files written).
 """
 
-from pdmask.figures.build import FigureResult, build_figure
-from pdmask.figures.spec import FigureSpec, available_specs, figures_for_sweep, load_spec
-from pdmask.figures.styles import MethodStyle, resolve_styles
+from __future__ import annotations
 
-__all__ = [
-    "FigureResult",
-    "FigureSpec",
-    "MethodStyle",
-    "available_specs",
-    "build_figure",
-    "figures_for_sweep",
-    "load_spec",
-    "resolve_styles",
-]
+from importlib import import_module
+from typing import Any
+
+# Names resolve on first use: checking a spec (`pdm validate`, a sweep's preflight) must not pay
+# for pandas, matplotlib and scipy, which only drawing needs.
+_HOMES = {
+    "FigureResult": "build",
+    "build_figure": "build",
+    "FigureSpec": "spec",
+    "available_specs": "spec",
+    "figures_for_sweep": "spec",
+    "load_spec": "spec",
+    "MethodStyle": "styles",
+    "resolve_styles": "styles",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_HOMES[name]}"), name)

@@ -209,13 +209,15 @@ def build_figure(
     styles: Mapping[str, MethodStyle] | None = None,
     use_cache: bool = True,
     diagnostics: bool = True,
+    trial_hashes: set[str] | None = None,
 ) -> FigureResult:
     """Build figure ``name`` (a spec in ``dashboards/``, or a path) from the runs of ``sweep``.
 
     ``sweep`` defaults to the spec's sweep, ``tracking_uri`` to $MLFLOW_TRACKING_URI or the
     project's sqlite store, ``styles`` to the recipe registry's (else a fixed palette);
     ``use_cache=False`` re-reads every history from MLflow; ``diagnostics=False`` skips the
-    companion diagnostics figure even when the spec declares one.
+    companion diagnostics figure even when the spec declares one. ``trial_hashes`` restricts
+    the figure to those trials (the sweep runner passes its resolved trials).
     """
     started = time.perf_counter()
     spec = load_spec(name)
@@ -225,7 +227,7 @@ def build_figure(
     out.mkdir(parents=True, exist_ok=True)
 
     client = open_client(uri)
-    selection = select_runs(spec, list_runs(client, sweep))
+    selection = select_runs(spec, list_runs(client, sweep), trial_hashes)
     cache = HistoryCache(state_dir() / "cache" / "metric-history", uri, enabled=use_cache)
     fetch = FetchStats()
     histories = load_histories(client, wanted_metrics(spec, selection), cache, fetch)

@@ -124,8 +124,16 @@ class Selection:
         return [r for runs in self.cells.values() for r in runs]
 
 
-def select_runs(spec: FigureSpec, runs: list[RunRecord]) -> Selection:
-    """Sort a sweep's runs into (panel key, method) cells, one run per seed."""
+def select_runs(
+    spec: FigureSpec, runs: list[RunRecord], trial_hashes: set[str] | None = None
+) -> Selection:
+    """Sort a sweep's runs into (panel key, method) cells, one run per seed.
+
+    ``trial_hashes``: the trials of the sweep as it was resolved (its profile, steps, backend):
+    runs of other trials are left out. Without it, runs of different trials that land on one
+    (panel, method, seed) are an error rather than one silently replacing the other: two
+    profiles of one sweep share the experiment, and only a retry of the same trial supersedes.
+    """
     selection = Selection()
     panels = {(p.model, p.precision): p for p in spec.panels}
     methods = set(spec.methods)
@@ -135,7 +143,9 @@ def select_runs(spec: FigureSpec, runs: list[RunRecord]) -> Selection:
 
     by_seed: dict[tuple[str, str, str], list[RunRecord]] = {}
     for run in runs:
-        if spec.delta is not None and not _delta_matches(run.tag("delta"), spec.delta):
+        if trial_hashes is not None and run.tag("trial_hash") not in trial_hashes:
+            skip("other trial config (profile, steps, ...)")
+        elif spec.delta is not None and not _delta_matches(run.tag("delta"), spec.delta):
             skip("other delta")
         elif spec.backend is not None and run.tag("backend") != spec.backend:
             skip("other backend")
@@ -153,12 +163,25 @@ def select_runs(spec: FigureSpec, runs: list[RunRecord]) -> Selection:
             seed = run.seed or run.run_id  # untagged seeds never collapse into one
             by_seed.setdefault((panel.key, run.method, seed), []).append(run)
 
-    for (panel_key, method, _seed), candidates in by_seed.items():
+    clashes = []
+    for (panel_key, method, seed), candidates in by_seed.items():
+        trials = {r.tag("trial_hash") or r.run_id for r in candidates}
+        if len(trials) > 1:
+            profiles = sorted({r.tag("profile") or "?" for r in candidates})
+            clashes.append(f"{panel_key}/{method}/seed {seed}: profiles {', '.join(profiles)}")
+            continue
         # Best status first, then the most recent start: a retried trial replaces its failure.
         candidates.sort(key=lambda r: (_STATUS_RANK.get(r.status, 9), -(r.start_time or 0)))
         kept = candidates[0]
         selection.cells.setdefault((panel_key, method), []).append(kept)
         selection.superseded.extend((r, kept.run_id) for r in candidates[1:])
+    if clashes:
+        raise ConfigError(
+            f"figure {spec.name}: runs of different trials would share a line and seed "
+            f"({'; '.join(clashes[:3])}{'; ...' if len(clashes) > 3 else ''}): build it with "
+            "the sweep (`pdm sweep NAME --profile P` selects its own trials) or filter the runs "
+            "with the spec's `tags`, e.g. {pdm.profile: default}"
+        )
     for runs_in_cell in selection.cells.values():
         runs_in_cell.sort(key=_seed_order)
     return selection

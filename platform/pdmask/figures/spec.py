@@ -340,3 +340,68 @@ def load_spec(name_or_path: str | Path, directory: Path | None = None) -> Figure
 def figures_for_sweep(sweep: str, directory: Path | None = None) -> list[str]:
     """Names of the specs whose default sweep is ``sweep`` (what a sweep runner draws at its end)."""
     return [n for n in available_specs(directory) if load_spec(n, directory).sweep == sweep]
+
+
+def _selects(spec: FigureSpec, trial) -> bool:
+    """Whether the figure would draw a run of ``trial`` (the tag filters of ``select_runs``)."""
+    delta_ok = (
+        spec.delta is None
+        or trial.delta is None
+        or math.isclose(trial.delta, spec.delta, rel_tol=1e-6, abs_tol=1e-9)
+    )
+    return (
+        delta_ok
+        and (spec.backend is None or spec.backend == trial.backend)
+        and trial.method in spec.methods
+        and any(p.model == trial.model and p.precision == trial.precision for p in spec.panels)
+    )
+
+
+def sweep_fit_problems(
+    name: str,
+    *,
+    trials: list,
+    recipes: set[str],
+    eval_metrics: list[str],
+    directory: Path | None = None,
+) -> list[Problem]:
+    """Why dashboard ``name`` cannot draw the runs of a sweep's ``trials``: the spec is
+    malformed, names a method that is no recipe, has a metric pattern that matches none of the
+    evaluation metrics the backend logs (``eval_metrics``, as MLflow stores them), or selects
+    none of the trials. Checked before a sweep launches, so a figure never fails after hours
+    of training for a reason visible up front."""
+    from pdmask.figures.metric_names import match_datasets
+
+    try:
+        spec = load_spec(name, directory)
+    except ValidationFailed as err:
+        return list(err.problems)
+    path = spec_path(name, directory)
+    tree = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+
+    def problem(field: str, message: str) -> Problem:
+        loc = tuple(int(s) if s.isdigit() else s for s in field.split("."))
+        return Problem(str(path), field, message, _line_of(tree, loc))
+
+    problems = [
+        problem(f"methods.{i}", f"{m!r} is not a recipe; known: {sorted(recipes)}")
+        for i, m in enumerate(spec.methods)
+        if m not in recipes
+    ]
+    if eval_metrics and not match_datasets(spec.metric.pattern, eval_metrics):
+        problems.append(
+            problem(
+                "metric.pattern",
+                f"{spec.metric.pattern!r} matches none of the evaluation metrics the backend "
+                f"logs ({', '.join(eval_metrics)}): the figure would have no data",
+            )
+        )
+    if trials and not any(_selects(spec, t) for t in trials):
+        problems.append(
+            problem(
+                "panels",
+                f"selects none of the sweep's {len(trials)} trials (its methods, panels' model "
+                "and precision, delta and backend filter them all out)",
+            )
+        )
+    return problems

@@ -38,6 +38,12 @@ class SweepOptions(BaseModel):
         description="Ray cluster to use (VeRL trials: its job API, http://HEAD:8265); None = "
         "$RAY_ADDRESS where the runner reads it, else an embedded local Ray.",
     )
+    max_trials: int | None = Field(
+        None,
+        ge=1,
+        description="Confirms a grid of up to this many trials, above the default cap (or the "
+        "sweep's max_trials); None = the cap applies.",
+    )
     max_concurrent: int | None = Field(
         None, ge=1, description="Cap on trials running at once; None = the sweep's own."
     )

@@ -102,6 +102,7 @@ class SweepProgress(Callback):
                 "finished": "done",
                 "already-done": "skipped",
                 "claimed-elsewhere": "elsewhere",
+                "config-error": "config error",
             }.get(outcome, "failed")
             detail = f" (eval {row.eval:.3f})" if row.eval is not None else ""
             if result.get("pdm_error"):  # a configuration or recipe error: show it, not retried

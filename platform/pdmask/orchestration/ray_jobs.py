@@ -112,7 +112,9 @@ def run_job_sweep(
     prepare_local_inputs(trials, log=console.print)
     context = dict(client=client, uri=uri, experiment_id=experiment_id, tags=tags, console=console)
     if address:
-        return _run_on(address, reg, sweep, trials, options, jobs, cluster_name, settings, **context)
+        return _run_on(
+            address, reg, sweep, trials, options, jobs, cluster_name, settings, **context
+        )
     from pdmask.orchestration.ray_jobs_local import LocalRayHead
 
     with LocalRayHead(num_gpus=CLUSTERS[cluster_name].gpus, log=console.print) as head:

@@ -1,8 +1,13 @@
 """Run a sweep's unfinished trials on Ray Tune, track them in MLflow, resume after any stop.
 
-Flow: check the tracking store (before anything launches) → skip trials with a FINISHED run →
-start or join Ray → Tune runs the rest (one CPU each, bounded concurrency, retries on crashes)
-→ runs left RUNNING by an interrupt become KILLED (resumed next time) → summary → figures.
+Flow: check the sweep's dashboards and the tracking store (before anything launches) → skip
+trials with a FINISHED run → start or join Ray → Tune runs the rest (one CPU each, bounded
+concurrency, retries on crashes) → runs left RUNNING by an interrupt become KILLED (resumed
+next time) → summary → figures, drawn from this sweep's own trials.
+
+Exit codes: 0 all finished and drawn; 1 a trial failed or a figure could not be built; 2 a
+trial's configuration was refused; ``EXIT_INTERRUPTED`` (130) interrupted (SIGINT, SIGTERM, or
+trials left unfinished), resumable by running the same command again.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from pdmask.tracking import (
     runs_by_hash,
     sanitize_metric,
 )
+from pdmask.tracking.runs import FAILURE_KIND_TAG
+from pdmask.tracking.store import redact
 
 EVAL_METRIC = "val-core/synth/acc/mean_at_16"
 
@@ -40,18 +47,21 @@ class SweepOutcome:
     interrupted: int
     elsewhere: int = 0  # RUNNING under another live invocation's claim
     best: dict[str, Any] | None = None
+    config_errors: int = 0  # FAILED because their configuration was refused (never retried)
 
 
 def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOptions) -> int:
-    """Run ``trials`` (the expanded ``sweep``); 0 when every one finished. Callers: ``pdmask.api``."""
+    """Run ``trials`` (the expanded ``sweep``): 0 when every one finished, 1 when some failed or
+    a figure could not be drawn, 2 when a trial's configuration was refused, 130 when interrupted
+    (rerunning resumes). Callers: ``pdmask.api``, after ``preflight.checked_trials``."""
+    from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
+
     console = Console(highlight=False)
-    uri = resolve_tracking_uri(options.tracking_uri)
-    client = open_client(uri)  # a bad store stops us here, before Ray starts
-    experiment_id = ensure_experiment(client, sweep.name, sweep.description)
-    tags = provenance_tags(reg.root)
     if trials and trials[0].backend == "verl":  # VeRL trials are Ray Jobs on a GPU cluster
         from pdmask.orchestration.ray_jobs import run_job_sweep
 
+        uri = resolve_tracking_uri(options.tracking_uri)
+        client = open_client(uri)  # a bad store stops us here, before anything is submitted
         return run_job_sweep(
             reg,
             sweep,
@@ -59,26 +69,38 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
             options,
             client=client,
             uri=uri,
-            experiment_id=experiment_id,
-            tags=tags,
+            experiment_id=ensure_experiment(client, sweep.name, sweep.description),
+            tags=provenance_tags(reg.root),
             console=console,
         )
-    outcome = execute(
-        sweep,
-        trials,
-        client=client,
-        uri=uri,
-        experiment_id=experiment_id,
-        tags=tags,
-        address=options.address,
-        max_concurrent=options.max_concurrent or sweep.max_concurrent,
-        root=reg.root,
-        console=console,
-    )
-    _summary(console, sweep, outcome, uri)
-    if options.figures and sweep.figures and outcome.interrupted == 0:
-        _build_figures(console, reg, sweep, uri)
-    return 0 if outcome.failed == 0 and outcome.interrupted == 0 else 1
+    figures_failed = 0
+    with handled() as interrupts:
+        uri = resolve_tracking_uri(options.tracking_uri)
+        client = open_client(uri)  # a bad store stops us here, before Ray starts
+        experiment_id = ensure_experiment(client, sweep.name, sweep.description)
+        outcome = execute(
+            sweep,
+            trials,
+            client=client,
+            uri=uri,
+            experiment_id=experiment_id,
+            tags=provenance_tags(reg.root),
+            address=options.address,
+            max_concurrent=options.max_concurrent or sweep.max_concurrent,
+            root=reg.root,
+            console=console,
+            interrupts=interrupts,
+        )
+        _summary(console, sweep, outcome, uri)
+        drawable = outcome.interrupted == 0 and not interrupts.requested
+        if options.figures and sweep.figures and drawable:
+            figures_failed = _build_figures(console, reg, sweep, uri, trials)
+    if interrupts.requested or outcome.interrupted:
+        console.print("interrupted: run the same command again to resume")
+        return EXIT_INTERRUPTED
+    if outcome.config_errors:
+        return 2
+    return 0 if outcome.failed == 0 and figures_failed == 0 else 1
 
 
 def execute(
@@ -94,9 +116,13 @@ def execute(
     root,
     console: Console,
     calibration_seconds: float | None = None,
+    interrupts=None,
 ) -> SweepOutcome:
+    """Train the unfinished ``trials`` on Ray Tune; their final states, read from MLflow.
+    ``interrupts``: stop requests (SIGINT, SIGTERM) that end the sweep early, resumable."""
     from ray import tune
 
+    from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
     from pdmask.orchestration.local_ray import connect
     from pdmask.orchestration.progress import SweepProgress
     from pdmask.orchestration.trainable import run_trial
@@ -111,15 +137,20 @@ def execute(
         todo_count, skipped = len(todo), len(trials) - len(todo)
     console.print(
         f"sweep {sweep.name}: {len(trials) if sweep.search is None else sweep.search.budget} trials, "
-        f"{skipped} already finished, {todo_count} to run (tracking: {uri})"
+        f"{skipped} already finished, {todo_count} to run (tracking: {redact(uri)})"
     )
     if not todo:
         return SweepOutcome(0, 0, skipped, 0, _best(client, experiment_id, sweep))
+    interrupts = interrupts or Interrupts()
+    if interrupts.requested:  # stopped while the store was checked: start nothing
+        return _settle(client, experiment_id, sweep, trials, skipped, console)
 
     env = {"PDM_PROJECT": str(root), "PDM_HOME": str(state_dir()), "MLFLOW_TRACKING_URI": uri}
     started_ray = connect(address, env)
+    interrupts.install()  # Ray's driver took SIGTERM over
+    # The tracking URI reaches the trials through their environment only: Tune writes its
+    # config to disk and a URI may hold a password.
     static = {
-        "tracking_uri": uri,
         "experiment_id": experiment_id,
         "tags": tags,
         "project_root": str(root),
@@ -156,12 +187,14 @@ def execute(
             storage_path=str(state_dir() / "ray_results"),
             failure_config=tune.FailureConfig(max_failures=sweep.retries),
             callbacks=[progress],
+            stop=StopOnRequest(interrupts),
             verbose=0,
         ),
     )
     try:
-        tuner.fit()
-    except KeyboardInterrupt:
+        if not interrupts.requested:  # a stop requested while Ray started: launch nothing
+            tuner.fit()
+    except KeyboardInterrupt:  # only without pdmask's handlers (a library caller)
         console.print("interrupted: stopping trials (they resume from their checkpoints next time)")
     finally:
         progress.close()
@@ -182,7 +215,7 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
     from pdmask.tracking.runs import find_trial_runs, with_retry
 
     by_hash = runs_by_hash(client, experiment_id)
-    finished = failed = interrupted = elsewhere = 0
+    finished = failed = interrupted = elsewhere = config_errors = 0
     hashes = list(by_hash) if sweep.search is not None else [t.trial_hash for t in trials]
     for h in hashes:
         statuses = {r.info.status for r in by_hash.get(h, [])}
@@ -194,6 +227,8 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
             statuses = {r.info.status for r in runs}
             if "FINISHED" in statuses:
                 finished += 1
+            elif any(r.data.tags.get(FAILURE_KIND_TAG) == "config" for r in runs):
+                config_errors += 1
             elif "FAILED" in statuses:
                 failed += 1
             elif not ours:  # another live invocation trains it now
@@ -212,6 +247,7 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
         interrupted,
         elsewhere,
         _best(client, experiment_id, sweep),
+        config_errors,
     )
 
 
@@ -274,6 +310,7 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
         ["finished now", out.finished],
         ["already finished (skipped)", out.skipped],
         ["failed", out.failed],
+        ["configuration refused (fix it; never retried)", out.config_errors],
         ["interrupted (resume: run again)", out.interrupted],
         ["running in another invocation", out.elsewhere],
     ]
@@ -283,18 +320,31 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
             f"best trial: {out.best['run_name']} ({sweep.search.metric} = {out.best['value']:.4f}, "
             f"delta = {out.best['delta']}, run {out.best['run_id']})"
         )
-    console.print(f"runs: {uri} (experiment {sweep.name}); inspect with `pdm ui`")
+    console.print(f"runs: {redact(uri)} (experiment {sweep.name}); inspect with `pdm ui`")
 
 
-def _build_figures(console: Console, reg: Registry, sweep: Sweep, uri: str) -> None:
+def _build_figures(
+    console: Console, reg: Registry, sweep: Sweep, uri: str, trials: list[Trial]
+) -> int:
+    """Draw the sweep's figures from its own trials (this profile's, not another's that share
+    the experiment); returns how many failed."""
     from pdmask.figures import build_figure
     from pdmask.figures.styles import MethodStyle
 
     styles = {name: MethodStyle(r.display_name, r.color) for name, r in reg.recipes.items()}
+    # A search's trials are sampled points, unknown upfront: its figures read every run.
+    hashes = {t.trial_hash for t in trials} if sweep.search is None else None
+    failed = 0
     for name in sweep.figures:
         try:
-            result = build_figure(name, sweep=sweep.name, tracking_uri=uri, styles=styles)
+            result = build_figure(
+                name, sweep=sweep.name, tracking_uri=uri, styles=styles, trial_hashes=hashes
+            )
         except Exception as err:  # a figure problem must not hide that the training finished
-            console.print(f"[red]figure {name} failed: {type(err).__name__}: {err}[/red]")
+            console.print(
+                f"[red]figure {name} failed: {type(err).__name__}: {redact(str(err))}[/red]"
+            )
+            failed += 1
             continue
         console.print(f"figure {name}: {result.paths.get('png')}")
+    return failed

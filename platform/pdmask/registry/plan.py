@@ -37,10 +37,16 @@ def plan_rows(
     profile = CLUSTERS[cluster]
     rows = []
     for t in trials:
-        need = MODELS[t.model].gpu_needs[profile.gpu_kind]
+        # None: the model does not fit this cluster's kind (a VeRL trial's job builder refuses
+        # it; an embedded trial has nothing to estimate there).
+        need = MODELS[t.model].gpu_needs.get(profile.gpu_kind)
         steps = t.steps or DEFAULT_VERL_STEPS
-        gpu_hours = need.gpus * need.seconds_per_step * steps / 3600
-        resources = "1 CPU" if t.backend == "sim" else f"{need.gpus} {profile.gpu_kind}"
+        gpus = need.gpus if need else 0
+        gpu_hours = gpus * need.seconds_per_step * steps / 3600 if need else 0.0
+        if t.backend == "sim":
+            resources = "1 CPU"
+        else:
+            resources = f"{gpus} {profile.gpu_kind}" if need else f"none fit on {cluster}"
         rows.append(
             PlanRow(
                 trial_hash=t.trial_hash,
@@ -51,7 +57,7 @@ def plan_rows(
                 seed=t.seed,
                 backend=t.backend,
                 resources=resources,
-                gpus=need.gpus,
+                gpus=gpus,
                 est_gpu_hours=round(gpu_hours, 1),
                 status=status_of(t) if status_of else "todo",
                 run_name=t.run_name(),
@@ -70,3 +76,38 @@ def concurrent_trials(rows: list[PlanRow], cluster: str) -> int:
         used += gpus
         fits += 1
     return fits
+
+
+# A printed plan lists at most this many trials one by one; a larger one is summarised per
+# setting (a terminal table of 10^5 rows took minutes to lay out). `--json` lists every trial.
+TABLE_ROWS = 200
+
+
+def grouped_rows(rows: list[PlanRow]) -> list[list]:
+    """One line per (method, model, precision, status): its deltas, trials, seeds, GPU-hours."""
+    groups: dict[tuple, list[PlanRow]] = {}
+    for r in rows:
+        groups.setdefault((r.method, r.model, r.precision, r.status), []).append(r)
+    out = []
+    for (method, model, precision, status), members in groups.items():
+        deltas = sorted({m.delta for m in members if m.delta is not None})
+        shown = (
+            "-"
+            if not deltas
+            else f"{deltas[0]:g}"
+            if len(deltas) == 1
+            else f"{deltas[0]:g}..{deltas[-1]:g} ({len(deltas)})"
+        )
+        out.append(
+            [
+                method,
+                model.removeprefix("qwen3-").removesuffix("-base"),
+                precision,
+                shown,
+                len(members),
+                len({m.seed for m in members}),
+                f"{sum(m.est_gpu_hours for m in members):,.0f}",
+                status,
+            ]
+        )
+    return out

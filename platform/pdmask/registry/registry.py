@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,12 +12,23 @@ from pdmask.paths import project_root
 from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
 from pdmask.registry.recipe_files import discover_recipes
 from pdmask.registry.recipes import Recipe
-from pdmask.registry.sweeps import SIM_PROFILES, Cell, Sweep, discover_sweeps, expand_grid
+from pdmask.registry.sweeps import (
+    DEFAULT_MAX_TRIALS,
+    SIM_PROFILES,
+    Cell,
+    Sweep,
+    discover_sweeps,
+    grid_size,
+    iter_cells,
+)
 from pdmask.registry.trial import Trial
 from pdmask.registry.yaml_source import YamlSource
 
 # What each backend can hand a recipe (Recipe.needs).
 BACKEND_SUPPLIES = {"sim": {"behaviour_topk", "behaviour_full"}, "verl": {"behaviour_topk"}}
+# Where each backend can take mu's top-K from (the `mu_source` axis). The embedded backend's
+# behaviour copy is the rollout engine itself: it has no separate old-policy forward.
+BACKEND_MU_SOURCES = {"sim": ("rollout",), "verl": ("rollout", "recompute")}
 
 
 @dataclass
@@ -24,26 +36,40 @@ class Registry:
     root: Path
     recipes: dict[str, Recipe]
     recipe_files: dict[str, Path]
-    sweeps: dict[str, Sweep]
+    sweeps: dict[str, Sweep]  # the sweep files without problems
     sweep_sources: dict[str, YamlSource]
     dashboards: dict[str, Path]
     recipe_problems: list[Problem] = field(default_factory=list)
     sweep_problems: list[Problem] = field(default_factory=list)
+    # Sweep files with problems, by name: what could be salvaged (None if nothing) and the
+    # source, so their grid's problems are reported together with the file's own.
+    broken_sweeps: dict[str, tuple[Sweep | None, YamlSource | None]] = field(default_factory=dict)
 
     @property
     def problems(self) -> list[Problem]:
         return [*self.recipe_problems, *self.sweep_problems]
 
+    def _file_problems(self, name: str) -> list[Problem]:
+        return [p for p in self.sweep_problems if Path(p.file).stem == name]
+
     def sweep(self, name: str) -> Sweep:
         if name not in self.sweeps:
-            broken = [p for p in self.sweep_problems if Path(p.file).stem == name]
-            if broken:
-                raise ValidationFailed([*self.recipe_problems, *broken])
+            if name in self.broken_sweeps:
+                raise ValidationFailed([*self.recipe_problems, *self._file_problems(name)])
             known = ", ".join(sorted(self.sweeps)) or "(none)"
             raise ValidationFailed(
                 [Problem(str(self.root / "sweeps"), "name", f"no sweep {name!r}; known: {known}")]
             )
         return self.sweeps[name]
+
+    def trial_count(self, name: str) -> int:
+        """How many trials the sweep plans, counted without expanding its grid."""
+        sweep = self.sweeps.get(name) or self.broken_sweeps.get(name, (None, None))[0]
+        if sweep is None:
+            return 0
+        if sweep.search is not None:
+            return sweep.search.budget
+        return grid_size(sweep.grid) * len(sweep.seed_list())
 
     def expand(
         self,
@@ -52,12 +78,20 @@ class Registry:
         backend: str | None = None,
         profile: str | None = None,
         cluster: str | None = None,
+        max_trials: int | None = None,
     ) -> list[Trial]:
         """Every trial of a grid sweep (for a search sweep: one trial at the space's midpoint,
-        which validates the base). Raises ValidationFailed listing every problem at once."""
-        sweep = self.sweep(name)
-        src = self.sweep_sources[name]
-        problems = list(self.recipe_problems)
+        which validates the base). Raises ValidationFailed listing every problem at once: the
+        file's own (schema, duplicate keys) and those its grid shows. A grid of more than
+        ``max_trials`` (else the sweep's ``max_trials``, else DEFAULT_MAX_TRIALS) trials is
+        refused before it is expanded."""
+        if name in self.broken_sweeps:
+            sweep, src = self.broken_sweeps[name]
+            if sweep is None or src is None:
+                raise ValidationFailed([*self.recipe_problems, *self._file_problems(name)])
+        else:
+            sweep, src = self.sweep(name), self.sweep_sources[name]
+        problems = [*self.recipe_problems, *self._file_problems(name)]
         backend = backend or sweep.backend
         profile = profile or sweep.profile
         if backend not in BACKEND_SUPPLIES:
@@ -88,33 +122,57 @@ class Registry:
                         ("figures", i), f"no dashboard {fig!r}; known: {sorted(self.dashboards)}"
                     )
                 )
+        cap = max_trials or sweep.max_trials or DEFAULT_MAX_TRIALS
+        count = self.trial_count(name)
+        if count > cap:
+            problems.append(
+                src.problem(
+                    ("grid",) if sweep.search is None else ("search", "budget"),
+                    f"{count:,} trials exceed the cap of {cap:,}: set `max_trials: {count}` in "
+                    f"the sweep or pass --max-trials {count} to confirm",
+                )
+            )
+            raise ValidationFailed(_unique(problems))
         if sweep.search is not None:
             base: Cell = {k: (v, ("search", "base", k)) for k, v in sweep.search.base.items()}
             for axis, dim in sweep.search.space.items():
                 mid = dim.choices[0] if dim.choices else (dim.low + dim.high) / 2
                 base[axis] = (mid, ("search", "space", axis))
-            cells = [base]
+            cells = iter([base])
         else:
-            cells = expand_grid(sweep.grid, ("grid",), problems, src)
+            cells = iter_cells(sweep.grid, ("grid",), problems, src)
+        matched = [False] * len(sweep.overrides)
+        seeds = sweep.seed_list()
         trials: dict[str, Trial] = {}
         for cell in cells:
-            cell = self._apply_overrides(sweep, cell, src, problems)
-            for seed in sweep.seed_list():
+            cell = self._apply_overrides(sweep, cell, matched)
+            for seed in seeds:
                 trial = self._resolve(sweep, cell, seed, backend, profile, src, problems)
                 if trial is not None:
                     trials.setdefault(trial.trial_hash, trial)
+        for i, hit in enumerate(matched):
+            if not hit:
+                problems.append(
+                    src.problem(
+                        ("overrides", sweep.override_position(i), "where"),
+                        f"matches no cell of the grid ({sweep.overrides[i].where}): a typo, or "
+                        "a value the grid does not have",
+                    )
+                )
         if problems:
             raise ValidationFailed(_unique(problems))
         return list(trials.values())
 
-    def _apply_overrides(
-        self, sweep: Sweep, cell: Cell, src: YamlSource, problems: list[Problem]
-    ) -> Cell:
+    @staticmethod
+    def _apply_overrides(sweep: Sweep, cell: Cell, matched: list[bool]) -> Cell:
+        """The cell with every matching override applied; ``matched[i]`` turns True when
+        override ``i`` matches (one that never does is reported)."""
         out = dict(cell)
         for i, ov in enumerate(sweep.overrides):
             if all(k in out and out[k][0] == v for k, v in ov.where.items()):
+                matched[i] = True
                 for k, v in ov.set.items():
-                    out[k] = (v, ("overrides", i, "set", k))
+                    out[k] = (v, ("overrides", sweep.override_position(i), "set", k))
         return out
 
     def _resolve(
@@ -154,6 +212,14 @@ class Registry:
                     f"mu_source must be 'rollout' or 'recompute', got {mu_source[0]!r}",
                 )
             )
+        elif mu_source[0] not in BACKEND_MU_SOURCES.get(backend, (mu_source[0],)):
+            problems.append(
+                src.problem(
+                    mu_source[1],
+                    f"backend {backend!r} cannot supply mu_source {mu_source[0]!r} (it has "
+                    f"{list(BACKEND_MU_SOURCES[backend])})",
+                )
+            )
         if method is None:
             return None
         recipe = self.recipes[method]
@@ -162,7 +228,10 @@ class Registry:
         }
         delta = cell.get("delta", (None, ("grid",)))
         if delta[0] is not None and (
-            not isinstance(delta[0], int | float) or isinstance(delta[0], bool) or delta[0] <= 0
+            not isinstance(delta[0], int | float)
+            or isinstance(delta[0], bool)
+            or not math.isfinite(delta[0])
+            or delta[0] <= 0
         ):
             problems.append(
                 src.problem(delta[1], f"delta must be a positive number, got {delta[0]!r}")
@@ -218,6 +287,9 @@ def load_registry(root: Path | None = None) -> Registry:
     root = Path(root) if root is not None else project_root()
     recipes, recipe_files, recipe_problems = discover_recipes(root / "recipes")
     found, sweep_problems = discover_sweeps(root / "sweeps")
+    troubled = {Path(p.file).stem for p in sweep_problems}
+    broken = {k: v for k, v in found.items() if k in troubled or v[0] is None}
+    found = {k: v for k, v in found.items() if k not in broken}
     dash_dir = root / "dashboards"
     dashboards = {p.stem: p for p in sorted(dash_dir.glob("*.yaml"))} if dash_dir.is_dir() else {}
     return Registry(
@@ -229,4 +301,5 @@ def load_registry(root: Path | None = None) -> Registry:
         dashboards=dashboards,
         recipe_problems=recipe_problems,
         sweep_problems=sweep_problems,
+        broken_sweeps=broken,
     )

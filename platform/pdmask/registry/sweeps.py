@@ -16,16 +16,50 @@ the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may 
 from __future__ import annotations
 
 import itertools
+import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from pdmask.errors import Problem
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
 AXES = ("method", "model", "precision", "delta", "mu_source")
+REQUIRED_AXES = ("method", "model", "precision")  # every cell needs them
 SIM_PROFILES = ("smoke", "default", "full", "stress")  # = sim PROFILES
+SWEEP_SUFFIXES = (".yaml", ".yml")
+# A grid larger than this is refused unless confirmed (the sweep's `max_trials`, or the
+# `--max-trials` flag): at about 30 s per embedded trial, 1,000 trials are eight hours on two
+# cores, and a typo in a grid (one more axis, a long delta list) multiplies the count silently.
+DEFAULT_MAX_TRIALS = 1000
+
+
+def is_axis(name: Any) -> bool:
+    return isinstance(name, str) and (
+        name in AXES or (name.startswith("params.") and len(name) > len("params."))
+    )
+
+
+def value_problem(value: Any) -> str | None:
+    """Why ``value`` cannot stand on an axis, or None. One value per cell: a name, a number,
+    a flag or null; a float must be finite (NaN compares false with every bound, so it would
+    pass every range check and train on garbage)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if value is None or isinstance(value, str | int | float | bool):
+        return None
+    return f"must be a single value (a name or a number), got {type(value).__name__} {value!r}"
 
 
 class Override(BaseModel):
@@ -34,11 +68,24 @@ class Override(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     where: dict[str, Any] = Field(
-        description="Axis values a cell must have, e.g. {method: pdm-agg}."
+        min_length=1, description="Axis values a cell must have, e.g. {method: pdm-agg}."
     )
     set: dict[str, Any] = Field(
-        description="Axis values or `params.<name>` to set on matching cells."
+        min_length=1, description="Axis values or `params.<name>` to set on matching cells."
     )
+
+    @field_validator("where", "set")
+    @classmethod
+    def _axes(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problems = [
+            f"{k!r} is not an axis; known: {list(AXES)} or params.<name>"
+            for k in value
+            if not is_axis(k)
+        ]
+        problems += [f"{k}: {p}" for k, v in value.items() if (p := value_problem(v))]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return value
 
 
 class SearchDim(BaseModel):
@@ -49,17 +96,25 @@ class SearchDim(BaseModel):
     low: float | None = Field(None, description="Lower bound of a float range.")
     high: float | None = Field(None, description="Upper bound of a float range.")
     log: bool = Field(False, description="Sample the range on a log scale.")
-    choices: list[Any] | None = Field(None, description="Discrete values instead of a range.")
+    choices: list[Any] | None = Field(
+        None, min_length=1, description="Discrete values instead of a range."
+    )
 
     @model_validator(mode="after")
     def _shape(self) -> SearchDim:
         if self.choices is None:
             if self.low is None or self.high is None:
                 raise ValueError("give low and high, or choices")
+            if not (math.isfinite(self.low) and math.isfinite(self.high)):
+                raise ValueError(f"low ({self.low}) and high ({self.high}) must be finite")
             if not self.low < self.high:
                 raise ValueError(f"low ({self.low}) must be below high ({self.high})")
             if self.log and self.low <= 0:
                 raise ValueError("a log-scaled range needs low > 0")
+        else:
+            bad = [p for v in self.choices if (p := value_problem(v))]
+            if bad:
+                raise ValueError(f"choices: {'; '.join(bad)}")
         return self
 
 
@@ -73,10 +128,20 @@ class SearchSpec(BaseModel):
     )
     mode: Literal["max", "min"] = Field("max", description="Maximise or minimise the metric.")
     budget: int = Field(ge=1, description="Number of trials to run.")
-    space: dict[str, SearchDim] = Field(description="Searched axes (`delta`, `params.<name>`).")
+    space: dict[str, SearchDim] = Field(
+        min_length=1, description="Searched axes (`delta`, `params.<name>`)."
+    )
     base: dict[str, Any] = Field(
         description="Fixed values of every other axis (method, model, precision, ...)."
     )
+
+    @field_validator("space", "base")
+    @classmethod
+    def _axes(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = [k for k in value if not is_axis(k)]
+        if unknown:
+            raise ValueError(f"{unknown} not axes; known: {list(AXES)} or params.<name>")
+        return value
 
 
 class Sweep(BaseModel):
@@ -101,7 +166,10 @@ class Sweep(BaseModel):
     cluster: str = Field(
         "h20x32", description="Cluster profile for planning (`--cluster` overrides)."
     )
-    seeds: list[int] | int = Field(2, description="Seeds: a list, or a count n for seeds 0..n-1.")
+    seeds: list[StrictInt] | StrictInt = Field(
+        2,
+        description="Seeds: a list of distinct seeds >= 0, or a count n >= 1 for seeds 0..n-1.",
+    )
     grid: dict[str, Any] | None = Field(
         None, description="The grid of axes (see the module docstring)."
     )
@@ -109,6 +177,27 @@ class Sweep(BaseModel):
     search: SearchSpec | None = Field(None, description="A search instead of a grid.")
     max_concurrent: int | None = Field(None, ge=1, description="Cap on trials running at once.")
     retries: int = Field(2, ge=0, description="Retries of a crashed trial before it stays FAILED.")
+    max_trials: int | None = Field(
+        None,
+        ge=1,
+        description=f"Confirms a large grid: expansion refuses more trials than this (default "
+        f"{DEFAULT_MAX_TRIALS}; `--max-trials` overrides).",
+    )
+
+    @field_validator("seeds")
+    @classmethod
+    def _seeds(cls, value: list[int] | int) -> list[int] | int:
+        if isinstance(value, int):
+            if value < 1:
+                raise ValueError(f"a seed count must be at least 1, got {value} (no trials)")
+            return value
+        if not value:
+            raise ValueError("an empty seed list gives no trials")
+        if any(s < 0 for s in value):
+            raise ValueError(f"seeds must be >= 0, got {value}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"seeds repeat: {value}")
+        return value
 
     @model_validator(mode="after")
     def _grid_or_search(self) -> Sweep:
@@ -116,64 +205,126 @@ class Sweep(BaseModel):
             raise ValueError("declare exactly one of `grid` and `search`")
         return self
 
+    # Where each override stands in the file: a sweep salvaged from a broken file may have
+    # lost some (see _salvage), and problems must still point at the right ones.
+    _override_positions: list[int] | None = PrivateAttr(None)
+
     def seed_list(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
+
+    def override_position(self, i: int) -> int:
+        """Index in the file of ``overrides[i]``."""
+        return i if self._override_positions is None else self._override_positions[i]
 
 
 # A cell maps axis -> (value, field path in the file) so errors can point at the value's line.
 Cell = dict[str, tuple[Any, FieldPath]]
 
 
-def expand_grid(node: Any, path: FieldPath, problems: list[Problem], src: YamlSource) -> list[Cell]:
+def grid_size(node: Any) -> int:
+    """How many cells ``node`` expands to, counted without expanding it (0 if malformed)."""
+    if not isinstance(node, dict) or not node:
+        return 0
+    keys = set(node)
+    if keys in ({"product"}, {"union"}):
+        (kind,) = keys
+        children = node[kind]
+        if not isinstance(children, list) or not children:
+            return 0
+        sizes = [grid_size(c) for c in children]
+        return sum(sizes) if kind == "union" else math.prod(sizes)
+    if keys == {"zip"}:
+        axes = node["zip"]
+        if not isinstance(axes, dict) or not axes:
+            return 0
+        lengths = {len(v) if isinstance(v, list) else -1 for v in axes.values()}
+        return lengths.pop() if len(lengths) == 1 and -1 not in lengths else 0
+    return math.prod(len(v) if isinstance(v, list) else 1 for v in node.values())
+
+
+def iter_cells(
+    node: Any, path: FieldPath, problems: list[Problem], src: YamlSource
+) -> Iterator[Cell]:
+    """The cells of a grid node, produced one at a time (a large grid is never held in memory).
+    Problems of the node's shape are appended to ``problems`` once, as the walk meets them."""
     if not isinstance(node, dict) or not node:
         problems.append(src.problem(path, "a grid node must be a non-empty mapping"))
-        return []
+        return
     keys = set(node)
-    if keys == {"product"} or keys == {"union"}:
+    if keys in ({"product"}, {"union"}):
         (kind,) = keys
         children = node[kind]
         if not isinstance(children, list) or not children:
             problems.append(src.problem((*path, kind), "expects a non-empty list of grid nodes"))
-            return []
-        parts = [expand_grid(c, (*path, kind, i), problems, src) for i, c in enumerate(children)]
+            return
         if kind == "union":
-            return [cell for part in parts for cell in part]
-        return [_merge(combo, path, problems, src) for combo in itertools.product(*parts)]
+            for i, child in enumerate(children):
+                yield from iter_cells(child, (*path, kind, i), problems, src)
+            return
+        # The product's later factors are replayed for every cell of the first: keep them.
+        first, *others = children
+        rest = [
+            list(iter_cells(c, (*path, kind, i + 1), problems, src)) for i, c in enumerate(others)
+        ]
+        for head in iter_cells(first, (*path, kind, 0), problems, src):
+            for combo in itertools.product(*rest):
+                yield _merge((head, *combo), problems, src)
+        return
     if keys == {"zip"}:
         axes = node["zip"]
         if not isinstance(axes, dict) or not axes:
             problems.append(src.problem((*path, "zip"), "expects a mapping of axis -> list"))
-            return []
+            return
         lengths = {a: len(v) if isinstance(v, list) else -1 for a, v in axes.items()}
         if len(set(lengths.values())) != 1 or -1 in lengths.values():
             problems.append(
                 src.problem((*path, "zip"), f"zip needs lists of equal length, got {lengths}")
             )
-            return []
-        n = next(iter(lengths.values()))
-        return [
-            {
-                a: (axes[a][i], (*path, "zip", a, i))
-                for a in axes
-                if _axis_ok(a, (*path, "zip", a), problems, src)
-            }
-            for i in range(n)
-        ]
-    cells: list[Cell] = [{}]
-    for axis, values in node.items():
-        if not _axis_ok(axis, (*path, axis), problems, src):
-            continue
-        if not isinstance(values, list) or not values:
-            values = [values]
-            paths = [(*path, axis)]
+            return
+        good = [a for a in axes if _axis_ok(a, (*path, "zip", a), problems, src)]
+        columns = {a: _checked_values(axes[a], (*path, "zip", a), problems, src) for a in good}
+        if any(not c for c in columns.values()):
+            return
+        for i in range(next(iter(lengths.values()))):
+            yield {a: columns[a][i] for a in good}
+        return
+    columns = [
+        (axis, _checked_values(values, (*path, axis), problems, src))
+        for axis, values in node.items()
+        if _axis_ok(axis, (*path, axis), problems, src)
+    ]
+    if any(not column and axis in REQUIRED_AXES for axis, column in columns):
+        return
+    # An optional axis with no usable value is left out, so the rest is still checked.
+    columns = [(axis, column) for axis, column in columns if column]
+    for combo in itertools.product(*(column for _, column in columns)):
+        yield {axis: value for (axis, _), value in zip(columns, combo, strict=True)}
+
+
+def _checked_values(
+    values: Any, path: FieldPath, problems: list[Problem], src: YamlSource
+) -> list[tuple[Any, FieldPath]]:
+    """An axis's usable (value, path) pairs; each unusable value is a problem (and is left out,
+    so the cells of the others still show their own problems)."""
+    if not isinstance(values, list):
+        values, paths = [values], [path]
+    else:
+        paths = [(*path, i) for i in range(len(values))]
+    if not values:
+        problems.append(src.problem(path, "an empty list gives no trials; list at least one value"))
+        return []
+    good = []
+    for value, where in zip(values, paths, strict=True):
+        message = value_problem(value)
+        if message:
+            problems.append(src.problem(where, message))
         else:
-            paths = [(*path, axis, i) for i in range(len(values))]
-        cells = [{**c, axis: (v, p)} for c in cells for v, p in zip(values, paths, strict=True)]
-    return cells
+            good.append((value, where))
+    return good
 
 
 def _axis_ok(axis: str, path: FieldPath, problems: list[Problem], src: YamlSource) -> bool:
-    if axis in AXES or (axis.startswith("params.") and len(axis) > len("params.")):
+    if is_axis(axis):
         return True
     problems.append(
         src.problem(path, f"unknown axis {axis!r}; known: {list(AXES)} or params.<name>")
@@ -181,48 +332,92 @@ def _axis_ok(axis: str, path: FieldPath, problems: list[Problem], src: YamlSourc
     return False
 
 
-def _merge(
-    parts: tuple[Cell, ...], path: FieldPath, problems: list[Problem], src: YamlSource
-) -> Cell:
+def _merge(parts: tuple[Cell, ...], problems: list[Problem], src: YamlSource) -> Cell:
     merged: Cell = {}
     for part in parts:
         for axis, value in part.items():
             if axis in merged and merged[axis][0] != value[0]:
-                problems.append(src.problem(value[1], f"axis {axis!r} is set twice in one product"))
+                problem = src.problem(value[1], f"axis {axis!r} is set twice in one product")
+                if problem not in problems:  # the same clash recurs in every combination
+                    problems.append(problem)
             merged[axis] = value
     return merged
 
 
+def _salvage(data: dict[str, Any], err: ValidationError, stem: str) -> Sweep | None:
+    """The sweep without its invalid parts, so the file's other problems (unknown methods,
+    bad values in the grid, overrides that match nothing) are reported in the same run as its
+    schema errors. A bad item of a list (one override) drops that item, a bad field the field."""
+    if any(not e["loc"] for e in err.errors()):
+        return None  # a whole-file problem (grid and search both or neither): nothing to expand
+    kept = dict(data)
+    bad_items: dict[str, set[int]] = {}
+    for e in err.errors():
+        key, rest = e["loc"][0], e["loc"][1:]
+        if isinstance(kept.get(key), list) and rest and isinstance(rest[0], int):
+            bad_items.setdefault(key, set()).add(rest[0])
+        else:
+            kept.pop(key, None)
+    for key, items in bad_items.items():
+        kept[key] = [v for i, v in enumerate(kept[key]) if i not in items]
+    kept.setdefault("name", stem)
+    kept.setdefault("description", "")
+    try:
+        sweep = Sweep.model_validate(kept)
+    except ValidationError:
+        return None  # a required field (grid or search) was itself invalid
+    if "overrides" in bad_items:
+        dropped = bad_items["overrides"]
+        sweep._override_positions = [i for i in range(len(data["overrides"])) if i not in dropped]
+    return sweep
+
+
 def load_sweep_file(path: Path) -> tuple[Sweep | None, YamlSource | None, list[Problem]]:
-    src, problem = load_yaml(path)
-    if problem is not None:
-        return None, None, [problem]
+    """The sweep of one file, its source and every problem found in it. A sweep is returned
+    with problems when the file is broken only in part (so expansion can report the rest)."""
+    src, problems = load_yaml(path)
+    if src is None:
+        return None, None, problems
     if not isinstance(src.data, dict):
-        return None, src, [src.problem((), "a sweep file must be a mapping")]
+        return None, src, [*problems, src.problem((), "a sweep file must be a mapping")]
     try:
         sweep = Sweep.model_validate(src.data)
     except ValidationError as err:
-        return (
-            None,
-            src,
-            [
-                src.problem(tuple(e["loc"]), e["msg"].removeprefix("Value error, "))
-                for e in err.errors()
-            ],
-        )
-    if sweep.name != path.stem:
-        return sweep, src, [src.problem(("name",), f"must match the file name {path.stem!r}")]
-    return sweep, src, []
+        problems += [
+            src.problem(tuple(e["loc"]), e["msg"].removeprefix("Value error, "))
+            for e in err.errors()
+        ]
+        sweep = _salvage(src.data, err, path.stem)
+    if sweep is not None and sweep.name != path.stem:
+        problems.append(src.problem(("name",), f"must match the file name {path.stem!r}"))
+    return sweep, src, problems
 
 
-def discover_sweeps(folder: Path) -> tuple[dict[str, tuple[Sweep, YamlSource]], list[Problem]]:
-    sweeps: dict[str, tuple[Sweep, YamlSource]] = {}
+def discover_sweeps(
+    folder: Path,
+) -> tuple[dict[str, tuple[Sweep | None, YamlSource | None]], list[Problem]]:
+    """Every sweep file of ``folder`` by name (the file's stem), with all their problems.
+
+    Broken files are listed too (their sweep is None when nothing could be salvaged):
+    ``Registry.expand`` reports a file's problems together with those its grid shows."""
+    sweeps: dict[str, tuple[Sweep | None, YamlSource | None]] = {}
     problems: list[Problem] = []
     if not folder.is_dir():
         return sweeps, [Problem(str(folder), "(folder)", "sweeps folder not found")]
-    for path in sorted([*folder.glob("*.yaml"), *folder.glob("*.yml")]):
-        sweep, src, errs = load_sweep_file(path)
+    paths = sorted(p for p in folder.iterdir() if p.suffix in SWEEP_SUFFIXES and p.is_file())
+    by_stem: dict[str, list[Path]] = {}
+    for path in paths:
+        by_stem.setdefault(path.stem, []).append(path)
+    for stem, same in by_stem.items():
+        if len(same) > 1:  # which one `pdm sweep NAME` means would depend on the listing order
+            names = " and ".join(p.name for p in same)
+            problems += [
+                Problem(str(p), "(file)", f"sweep {stem!r} is declared twice ({names}): keep one")
+                for p in same
+            ]
+            sweeps[stem] = (None, None)
+            continue
+        sweep, src, errs = load_sweep_file(same[0])
         problems += errs
-        if sweep is not None and not errs:
-            sweeps[sweep.name] = (sweep, src)
+        sweeps[stem] = (sweep, src)
     return sweeps, problems

@@ -16,9 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pdmask.errors import TrialFailed
 from pdmask.registry import Trial
 
 T = TypeVar("T")
+FAILURE_KIND_TAG = "pdm.failure_kind"
 _UNSAFE = re.compile(r"[^/\w.\- :]")
 
 
@@ -108,6 +110,8 @@ class TrialRun:
                     client, run, "attempt ended without a report (process killed or out of memory)"
                 )
             with_retry(lambda: client.update_run(run.info.run_id, status="RUNNING"))
+            if FAILURE_KIND_TAG in run.data.tags:  # a new attempt: its own outcome decides
+                with_retry(lambda: client.delete_tag(run.info.run_id, FAILURE_KIND_TAG))
             with_retry(lambda: client.set_tag(run.info.run_id, "pdm.attempts", str(attempt)))
             last = int(run.data.tags.get("pdm.last_step", "-1"))
             return cls(client, run.info.run_id, last, attempt, resumed=True)
@@ -159,18 +163,31 @@ class TrialRun:
         return True
 
     def finish(self, summary: dict[str, Any] | None = None) -> None:
+        """FINISHED, with the backend's summary. A run that holds no step is never FINISHED:
+        a finished trial with no data would be skipped forever."""
+        if self.last_step < 0:
+            raise TrialFailed("the trial ended without logging a single step")
         if summary:
             with_retry(lambda: self.client.log_dict(self.run_id, summary, "summary.json"))
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
 
-    def fail(self, reason: str, final: bool = True) -> None:
-        """Record a failure reason; ``final`` marks the run FAILED (no retry left)."""
+    def fail(self, reason: str, final: bool = True, kind: str = "crash") -> None:
+        """Record a failure reason; ``final`` marks the run FAILED (no retry left). ``kind``
+        (tag ``pdm.failure_kind``): ``crash``, or ``config`` for a configuration error."""
         run = with_retry(lambda: self.client.get_run(self.run_id))
         _append_failure(self.client, run, reason)
         with_retry(lambda: self.client.set_tag(self.run_id, "pdm.failure_reason", reason[:4000]))
+        with_retry(lambda: self.client.set_tag(self.run_id, FAILURE_KIND_TAG, kind))
         with_retry(
             lambda: self.client.set_terminated(self.run_id, status="FAILED" if final else "RUNNING")
         )
+
+    def note(self, text: str) -> None:
+        """Add a line to the run's ``pdm.notes`` tag (what happened to it besides training)."""
+        run = with_retry(lambda: self.client.get_run(self.run_id))
+        notes = json.loads(run.data.tags.get("pdm.notes", "[]"))
+        notes.append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "note": text[:300]})
+        with_retry(lambda: self.client.set_tag(self.run_id, "pdm.notes", json.dumps(notes[-20:])))
 
     def interrupted(self) -> None:
         with_retry(lambda: self.client.set_terminated(self.run_id, status="KILLED"))

@@ -1,15 +1,34 @@
-"""The MLflow store: where it is, and a check that it can be used before anything launches."""
+"""The MLflow store: where it is, and a check that it can be used before anything launches.
+
+A sqlite store must be an intact MLflow database: an empty (0-byte) file is a lost or truncated
+store, not a new one (a new store is a file that does not exist yet), and a file whose pages are
+corrupt (``PRAGMA integrity_check``) is refused rather than written into. A tracking server must
+answer within seconds: MLflow's own client retries a refused connection for about four minutes.
+URIs are shown with their password replaced (``redact``) wherever pdmask prints one.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
+import re
+import socket
 import sqlite3
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pdmask.errors import TrackingError
 from pdmask.paths import default_artifact_root, default_tracking_uri
+
+# How long a tracking server may take to accept a connection and answer the store check.
+SERVER_TIMEOUT_SECONDS = 5
+_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/@\s:]*):(?P<password>[^/\s]*)@")
+
+
+def redact(text: str) -> str:
+    """``text`` with the password of every URI in it (``scheme://user:password@host``) hidden."""
+    return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 
 @contextlib.contextmanager
@@ -33,11 +52,16 @@ def sqlite_path(uri: str) -> Path:
     return Path(uri.removeprefix("sqlite:///"))
 
 
-def _check_sqlite_file(uri: str) -> None:
+def _check_sqlite_file(uri: str, integrity: bool) -> None:
     path = sqlite_path(uri)
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         return
+    if path.is_file() and path.stat().st_size == 0:
+        raise TrackingError(
+            f"tracking store {uri}: an empty (0-byte) file, not an MLflow store: a lost or "
+            "truncated store? Restore it, or remove the file to start a new store"
+        )
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
             tables = {
@@ -52,16 +76,65 @@ def _check_sqlite_file(uri: str) -> None:
             f"tracking store {uri}: a sqlite database, but not an MLflow store "
             f"(tables: {', '.join(sorted(tables)[:5])})"
         )
+    if not integrity:
+        return
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as con:
+            verdict = [r[0] for r in con.execute("PRAGMA integrity_check(5)")]
+    except sqlite3.DatabaseError as err:  # pages too damaged to even list the damage
+        verdict = [str(err)]
+    if verdict != ["ok"]:
+        raise TrackingError(
+            f"tracking store {uri}: the database is corrupt (integrity check: "
+            f"{'; '.join(verdict)}); restore it from a backup, or move it away to start a new one"
+        )
+
+
+def _check_server(uri: str) -> None:
+    """A tracking server must accept a connection within SERVER_TIMEOUT_SECONDS."""
+    parts = urlsplit(uri)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parts.hostname or "", port), SERVER_TIMEOUT_SECONDS):
+            pass
+    except OSError as err:
+        reason = "no answer" if isinstance(err, TimeoutError) else (err.strerror or str(err))
+        raise TrackingError(
+            f"tracking server {redact(uri)} cannot be reached ({reason} within "
+            f"{SERVER_TIMEOUT_SECONDS} s): start it, or pass another --tracking-uri"
+        ) from None
+
+
+@contextlib.contextmanager
+def _patient_for(seconds: int):
+    """MLflow's HTTP client for the store check: one retry, a short timeout (it would retry
+    failures with exponential backoff for minutes)."""
+    saved = {
+        k: os.environ.get(k)
+        for k in ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+    }
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "1"
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(seconds)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 _CLIENTS: dict[str, object] = {}
 
 
-def open_client(uri: str | None = None):
+def open_client(uri: str | None = None, *, integrity: bool = True):
     """An ``MlflowClient`` on a store that was checked to be readable and compatible.
 
-    Raises TrackingError (exit 2) with the reason: unreadable file, not an MLflow database, a schema
-    from another MLflow version, an unreachable server.
+    Raises TrackingError (exit 2) with the reason: an unreadable, empty or corrupt file, not an
+    MLflow database, a schema from another MLflow version, an unreachable server. ``integrity``:
+    run sqlite's page-level check (once per process and store; a trial's worker skips it, the
+    sweep checked the store before it started).
     """
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -69,13 +142,16 @@ def open_client(uri: str | None = None):
     uri = resolve_tracking_uri(uri)
     if uri in _CLIENTS:  # checked once per process: reused Ray workers open it per trial
         return _CLIENTS[uri]
+    shown = redact(uri)
     if uri.startswith("sqlite:"):
-        _check_sqlite_file(uri)
+        _check_sqlite_file(uri, integrity)
     elif uri.startswith("file:") or "://" not in uri:
         raise TrackingError(
-            f"tracking store {uri}: MLflow 3 refuses the plain file store; use sqlite:///path.db "
+            f"tracking store {shown}: MLflow 3 refuses the plain file store; use sqlite:///path.db "
             "or an http(s) tracking server"
         )
+    else:
+        _check_server(uri)
     mlflow.set_tracking_uri(uri)
     try:
         if uri.startswith("sqlite:"):
@@ -85,11 +161,12 @@ def open_client(uri: str | None = None):
                 client = MlflowClient(tracking_uri=uri)
                 client.search_experiments(max_results=1)
         else:
-            client = MlflowClient(tracking_uri=uri)
-            client.search_experiments(max_results=1)
+            with _patient_for(2 * SERVER_TIMEOUT_SECONDS):
+                client = MlflowClient(tracking_uri=uri)
+                client.search_experiments(max_results=1)
     except Exception as err:  # MLflow raises many types: schema mismatch, connection refused, ...
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
-        raise TrackingError(f"tracking store {uri} cannot be used: {msg}") from None
+        raise TrackingError(f"tracking store {shown} cannot be used: {redact(msg)}") from None
     _CLIENTS[uri] = client
     return client
 

@@ -137,6 +137,21 @@ def setup_for(cluster: str) -> PaperSetup:
     return PaperSetup()
 
 
+def eval_metrics(cluster: str) -> list[str]:
+    """The validation metrics a job on ``cluster`` logs, as MLflow stores them: verl's
+    ``val-core/<data_source>/acc/mean@<n>`` with ``@`` sanitised."""
+    if on_cpu(cluster):
+        from pdmask.backends.verl.tiny_task import DATA_SOURCE
+
+        sources = (DATA_SOURCE,)
+    else:
+        from pdmask.backends.verl.data import VAL_DATA_SOURCES
+
+        sources = VAL_DATA_SOURCES
+    n = setup_for(cluster).val_samples
+    return [f"val-core/{source}/acc/mean_at_{n}" for source in sources]
+
+
 def prepare_local_inputs(trials: list[Trial], log=print) -> None:
     """Build what the trials' jobs read that pdmask makes itself (the tiny model and its task),
     before anything is submitted; nothing for the paper's models and data."""

@@ -1,0 +1,91 @@
+"""Ctrl-C and SIGTERM during a sweep: stop in order, resumable, one exit code.
+
+While a sweep runs, SIGINT and SIGTERM never raise in the middle of whatever the driver is
+doing (starting Ray, talking to the store, shutting Ray down): the first one only asks the sweep
+to stop. Tune then stops the running trials (``StopOnRequest``), Ray shuts down, the runs left
+RUNNING are marked KILLED, and the command exits with ``EXIT_INTERRUPTED`` whatever the moment
+of the signal. A second signal says it is still stopping; a third gives up at once (the reaper
+still removes Ray's processes; the next run repairs the runs' states).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from ray.tune import Stopper
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's code for an interrupted command
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+GIVE_UP_AFTER = 3  # signals
+
+
+class Interrupts:
+    """Counts stop requests; ``requested`` turns True at the first."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.event = threading.Event()
+        self.installed = False
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    def install(self) -> None:
+        """(Re)install the handlers. Ray's driver replaces the SIGTERM handler with its own (it
+        aborts the process) when it starts: the runner installs these again after ray.init."""
+        if self.installed:
+            for s in SIGNALS:
+                signal.signal(s, self._handle)
+
+    def _handle(self, signum, _frame) -> None:
+        self.count += 1
+        self.event.set()
+        name = signal.Signals(signum).name
+        if self.count >= GIVE_UP_AFTER:
+            sys.stderr.write(f"\n{name} x{self.count}: exiting now (run again to resume)\n")
+            os._exit(EXIT_INTERRUPTED)
+        hint = "stopping trials; they resume next time" if self.count == 1 else "still stopping"
+        sys.stderr.write(f"\n{name}: {hint} ({GIVE_UP_AFTER - self.count} more to exit now)\n")
+
+
+@contextmanager
+def handled() -> Iterator[Interrupts]:
+    """Install the handlers for the block (main thread only), restore the previous ones after."""
+    interrupts = Interrupts()
+    if threading.current_thread() is not threading.main_thread():
+        yield interrupts
+        return
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    interrupts.installed = True
+    interrupts.install()
+    try:
+        yield interrupts
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+
+
+class StopOnRequest(Stopper):
+    """A Tune stopper: stops every trial once a stop was requested."""
+
+    def __init__(self, interrupts: Interrupts):
+        self.event = interrupts.event
+
+    def __getstate__(self):
+        # Tune pickles its run config; an event holds a lock (the stopper only runs here).
+        return {}
+
+    def __setstate__(self, state):
+        self.event = threading.Event()
+
+    def __call__(self, trial_id, result) -> bool:
+        return self.event.is_set()
+
+    def stop_all(self) -> bool:
+        return self.event.is_set()

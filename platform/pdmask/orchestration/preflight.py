@@ -1,0 +1,94 @@
+"""What a sweep must pass before anything launches, and what `pdm validate` reports.
+
+The registry's expansion checks the sweep file itself (schema, grid, overrides, size). Here the
+sweep is checked against the parts that consume it, every problem at once: each recipe's mask and
+loss run on synthetic batches of each backend's layout with the trial's parameters
+(``registry.recipe_check``), and each dashboard it names must parse, draw recipes, have a metric
+pattern that matches an evaluation metric the backend logs, and select some of the sweep's
+trials. A recipe that crashes or a figure that could never be drawn is a bad input, found before
+hours of training rather than after.
+"""
+
+from __future__ import annotations
+
+from pdmask.errors import Problem, ValidationFailed
+from pdmask.registry import Registry, Trial
+
+# The evaluation metric each backend logs, as MLflow stores it (the design's contract:
+# `val-core/<dataset>/acc/mean@16`, with `@` sanitised). The embedded backend's one is
+# pdmask.backends.sim.EVAL_METRIC (kept here too so a check needs no torch; a test compares).
+SIM_EVAL_METRIC = "val-core/synth/acc/mean_at_16"
+
+
+def eval_metrics(backend: str, cluster: str) -> list[str]:
+    """The evaluation metrics ``backend`` logs on ``cluster``, as stored in MLflow."""
+    if backend == "verl":
+        from pdmask.backends.verl.jobs import eval_metrics as verl_eval_metrics
+
+        return verl_eval_metrics(cluster)
+    return [SIM_EVAL_METRIC]
+
+
+def dashboard_problems(
+    reg: Registry, name: str, trials: list[Trial], cluster: str | None = None
+) -> list[Problem]:
+    """Why the dashboards of sweep ``name`` could not draw its ``trials`` (empty: they can)."""
+    from pdmask.figures.spec import sweep_fit_problems
+
+    sweep = reg.sweep(name)
+    backend = trials[0].backend if trials else sweep.backend
+    problems: list[Problem] = []
+    for figure in sweep.figures:
+        if figure not in reg.dashboards:
+            continue  # reported by the expansion
+        problems += sweep_fit_problems(
+            figure,
+            # a search's planned trial is only its space's midpoint: any delta may be drawn
+            trials=trials if sweep.search is None else [],
+            recipes=set(reg.recipes),
+            eval_metrics=eval_metrics(backend, cluster or sweep.cluster),
+            directory=reg.root / "dashboards",
+        )
+    return problems
+
+
+def checked_trials(
+    reg: Registry,
+    name: str,
+    *,
+    backend: str | None = None,
+    profile: str | None = None,
+    cluster: str | None = None,
+    max_trials: int | None = None,
+) -> list[Trial]:
+    """The sweep's trials after every check; raises ValidationFailed with all problems."""
+    from pdmask.registry.recipe_check import check_recipes
+
+    trials = reg.expand(
+        name, backend=backend, profile=profile, cluster=cluster, max_trials=max_trials
+    )
+    problems = check_recipes(reg.recipes, trials, defaults=False)
+    problems += dashboard_problems(reg, name, trials, cluster)
+    if problems:
+        raise ValidationFailed(problems)
+    return trials
+
+
+def validate_sweeps(
+    reg: Registry, names: list[str] | None = None, max_trials: int | None = None
+) -> dict[str, int]:
+    """Trial count per sweep (default: every sweep file, broken ones included) after every
+    check, every recipe's defaults included; raises ValidationFailed listing the problems of
+    all of them together."""
+    from pdmask.registry.recipe_check import check_recipes
+
+    problems = [*reg.problems, *check_recipes(reg.recipes)]
+    counts: dict[str, int] = {}
+    for name in names or sorted({*reg.sweeps, *reg.broken_sweeps}):
+        try:
+            counts[name] = len(checked_trials(reg, name, max_trials=max_trials))
+        except ValidationFailed as err:
+            problems += [p for p in err.problems if p not in problems]
+    if problems:
+        raise ValidationFailed(problems)
+    return counts
