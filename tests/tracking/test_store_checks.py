@@ -45,13 +45,14 @@ def test_an_empty_store_file_is_refused_not_taken_as_new(project):
 
 
 def _corrupt(path) -> None:
-    """Overwrite one page in the middle of the file: sqlite still opens it (the header and the
-    schema page are intact), only a full check sees the damage."""
+    """Overwrite the last page (metric rows written last): sqlite still opens the file (the
+    header and the schema page are intact), only a full check sees the damage. Which table a
+    page holds depends on the sqlite and MLflow versions, so nothing more is assumed."""
     with sqlite3.connect(path) as con:
         page = con.execute("PRAGMA page_size").fetchone()[0]
         pages = con.execute("PRAGMA page_count").fetchone()[0]
     with open(path, "r+b") as handle:
-        handle.seek(page * (pages // 2))
+        handle.seek(page * (pages - 1))
         handle.write(b"\xa5" * page)
 
 
@@ -68,9 +69,12 @@ def test_a_corrupt_store_is_refused_before_ray_starts(project):
         client.log_batch(run.info.run_id, metrics=points)
     _corrupt(store)
     with sqlite3.connect(store) as con:
-        assert con.execute("select count(*) from experiments").fetchone() == (2,)  # still reads
-        with pytest.raises(sqlite3.DatabaseError, match="malformed"):
-            con.execute("PRAGMA integrity_check").fetchall()
+        assert con.execute("select count(*) from sqlite_master").fetchone()[0] > 0  # still opens
+        try:
+            report = con.execute("PRAGMA integrity_check").fetchall()
+        except sqlite3.DatabaseError as err:
+            report = [(str(err),)]
+        assert report != [("ok",)]
     done, _ = pdm(project, "sweep", "smoke")
     assert done.returncode == 2, done.stdout + done.stderr
     assert "the database is corrupt" in done.stderr and str(store) in done.stderr
