@@ -7,8 +7,9 @@ A sweep file (YAML) declares its axes as a grid. A grid node is one of:
 - ``{zip: {axis: [values], ...}}``: the i-th values of every axis together (equal lengths);
 - ``{union: [node, ...]}``: the cells of every node, one after the other.
 
-Axes: ``method``, ``model``, ``precision``, ``delta``, ``mu_source`` and ``params.<name>`` (a
-recipe parameter). ``seeds`` is an axis too (a list, or a count n for seeds 0..n-1), crossed with
+Axes: ``method``, ``model``, ``precision``, ``delta``, ``mu_source``, ``params.<name>`` (a
+recipe parameter) and ``sim.<knob>`` (an embedded-backend knob, ``registry/sim_knobs.py``; such
+cells run on the embedded backend only). ``seeds`` is an axis too (a list, or a count n for seeds 0..n-1), crossed with
 the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may instead declare a
 ``search`` (Optuna through Ray Tune): a space and a budget, optimising a named metric.
 """
@@ -22,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from pdmask.errors import Problem
+from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
 AXES = ("method", "model", "precision", "delta", "mu_source")
@@ -173,10 +175,15 @@ def expand_grid(node: Any, path: FieldPath, problems: list[Problem], src: YamlSo
 
 
 def _axis_ok(axis: str, path: FieldPath, problems: list[Problem], src: YamlSource) -> bool:
-    if axis in AXES or (axis.startswith("params.") and len(axis) > len("params.")):
+    for prefix in ("params.", SIM_AXIS_PREFIX):
+        if axis.startswith(prefix) and len(axis) > len(prefix):
+            return True
+    if axis in AXES:
         return True
     problems.append(
-        src.problem(path, f"unknown axis {axis!r}; known: {list(AXES)} or params.<name>")
+        src.problem(
+            path, f"unknown axis {axis!r}; known: {list(AXES)}, params.<name> or sim.<knob>"
+        )
     )
     return False
 
