@@ -23,9 +23,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     tokens = sub.add_parser(
         "tokens",
         help="ratio test vs predictive direction tests: one real step each, per seed",
-        description="For each seed: train the sweep's setting a few steps, roll out, train all "
-        "minibatches but the last, then on the last one take one real optimizer step per direction "
-        "test from the same saved state and measure every out-of-region token's change of D_t. "
+        description="For each seed: train the sweep's setting a few steps, roll out, train the "
+        "minibatches one by one; on the last one (or the last few), take one real optimizer step "
+        "per direction test from the same saved state and measure every out-of-region token's "
+        "change of D_t. States the power of the comparison and the float32 rounding. "
         "Writes a markdown report, CSV tables, a per-seed paired plot and an MLflow run. "
         "Finished seeds are cached: Ctrl-C and rerun resumes.",
     )
@@ -42,6 +43,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     tokens.add_argument("--train-steps", type=int, help="RL steps before the analysed rollout (20)")
     tokens.add_argument("--prompts", type=int, help="prompts of the analysed rollout (1024)")
     tokens.add_argument("--minibatches", type=int, help="minibatches of the analysed rollout (8)")
+    tokens.add_argument(
+        "--analysed-minibatches",
+        type=int,
+        help="last minibatches analysed, each from its state (1)",
+    )
+    tokens.add_argument("--tie-tol", type=float, help="|change of D_t| counted as unchanged (1e-5)")
     tokens.add_argument(
         "--split", choices=["sequences", "groups"], help="minibatch split (default sequences)"
     )
@@ -83,6 +90,8 @@ def run_tokens(args: argparse.Namespace) -> int:
             "train_steps": args.train_steps,
             "prompts": args.prompts,
             "minibatches": args.minibatches,
+            "analysed_minibatches": args.analysed_minibatches,
+            "tie_tol": args.tie_tol,
             "split": args.split,
             "sgd_lr": args.sgd_lr,
             "isolated_tokens": args.isolated_tokens,
