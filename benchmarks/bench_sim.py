@@ -1,10 +1,9 @@
 """Benchmark of the embedded ``sim`` backend: CPU time per RL step and evaluation, per setting.
 
     python benchmarks/bench_sim.py [--profile default] [--steps 6] [--quick-base]
-                                   [--stand-ins tiny-4b,...] [--precisions bf16,...]
-                                   [--no-reference] [--warm-starts]
+                                   [--settings tiny-4b:bf16,...] [--no-reference] [--warm-starts]
 
-For every (stand-in, precision) setting, each mode runs in its own process (one thread, as a trial
+For every (stand-in, precision) setting (default: main-figure's four), each mode runs in its own process (one thread, as a trial
 runs), side by side: ``steps`` RL steps (rollout with the top-20 view, masked minibatch updates,
 weight sync) and one avg@16 evaluation, timed in process CPU seconds, with the process's peak
 memory. Modes:
@@ -122,8 +121,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="default")
     parser.add_argument("--steps", type=int, default=6, help="timed RL steps per setting")
-    parser.add_argument("--stand-ins", default="tiny-4b,tiny-8b,tiny-30b-a3b")
-    parser.add_argument("--precisions", default="bf16,fp8-rollout,fp8-e2e")
+    parser.add_argument(
+        "--settings",
+        default=",".join(f"{s}:{p}" for s, p in MAIN_FIGURE),
+        help="stand-in:precision list (default: main-figure's four settings)",
+    )
     parser.add_argument("--quick-base", action="store_true", help="use 30-step base models")
     parser.add_argument("--no-reference", action="store_true", help="skip the reference kernels")
     parser.add_argument("--warm-starts", action="store_true", help="also time the warm starts")
@@ -141,20 +143,21 @@ def main() -> None:
     print(f"{'stand-in':13s} {'precision':12s} {'mode':10s} {'step cpu s':>10s} "
           f"{'eval cpu s':>10s} {'trial cpu s':>11s} {'peak MB':>8s}")  # fmt: skip
     results: dict[tuple[str, str, str], dict] = {}
-    for stand_in in args.stand_ins.split(","):
-        for precision in args.precisions.split(","):
-            for mode in modes:
-                r = _in_subprocess(stand_in, precision, mode, args)
-                results[(stand_in, precision, mode)] = r
-                print(f"{stand_in:13s} {precision:12s} {mode:10s} {r['step_cpu']:10.3f} "
-                      f"{r['eval_cpu']:10.3f} {r['trial_cpu']:11.1f} {r['peak_rss_mb']:8.0f}",
-                      flush=True)  # fmt: skip
-            if "reference" in modes:
-                ref, fast = (results[(stand_in, precision, m)] for m in ("reference", "fast"))
-                print(f"{'':27s} fast/reference: step {fast['step_cpu'] / ref['step_cpu']:.2f}x, "
-                      f"evaluation {fast['eval_cpu'] / ref['eval_cpu']:.2f}x, "
-                      f"peak memory {fast['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x")  # fmt: skip
-    warm = bench_warm_starts(args.stand_ins.split(",")) if args.warm_starts else {}
+    settings = [tuple(s.split(":")) for s in args.settings.split(",")]
+    for stand_in, precision in settings:
+        for mode in modes:
+            r = _in_subprocess(stand_in, precision, mode, args)
+            results[(stand_in, precision, mode)] = r
+            print(f"{stand_in:13s} {precision:12s} {mode:10s} {r['step_cpu']:10.3f} "
+                  f"{r['eval_cpu']:10.3f} {r['trial_cpu']:11.1f} {r['peak_rss_mb']:8.0f}",
+                  flush=True)  # fmt: skip
+        if "reference" in modes:
+            ref, fast = (results[(stand_in, precision, m)] for m in ("reference", "fast"))
+            print(f"{'':27s} fast/reference: step {fast['step_cpu'] / ref['step_cpu']:.2f}x, "
+                  f"evaluation {fast['eval_cpu'] / ref['eval_cpu']:.2f}x, "
+                  f"peak memory {fast['peak_rss_mb'] / ref['peak_rss_mb']:.2f}x")  # fmt: skip
+    stand_ins = list(dict.fromkeys(s for s, _ in settings))
+    warm = bench_warm_starts(stand_ins) if args.warm_starts else {}
     for name, seconds in warm.items():
         print(f"warm start {name}: {seconds:.1f} cpu s")
 

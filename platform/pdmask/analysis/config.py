@@ -98,11 +98,12 @@ class TokenAnalysisConfig(BaseModel):
         "token's own gradient only), to check the derivative apart from cross-token effects.",
     )
     tie_tol: float = Field(
-        1e-5,
+        2e-4,
         ge=0,
         description="|change of D_t| at or below this counts as unchanged (neither grew nor shrank). "
         "Must stay above the float32 rounding of the change, which every seed measures against "
-        "a float64 recomputation (the report states both).",
+        "a float64 recomputation (the report states both): up to ~3e-5 measured on the stress "
+        "profile's states (both task regimes), against a median change of ~0.07.",
     )
 
     def config_hash(self, setting: dict[str, Any]) -> str:

@@ -48,7 +48,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         type=int,
         help="last minibatches analysed, each from its state (1)",
     )
-    tokens.add_argument("--tie-tol", type=float, help="|change of D_t| counted as unchanged (1e-5)")
+    tokens.add_argument("--tie-tol", type=float, help="|change of D_t| counted as unchanged (2e-4)")
     tokens.add_argument(
         "--split", choices=["sequences", "groups"], help="minibatch split (default sequences)"
     )
