@@ -9,8 +9,8 @@ A sweep file (YAML) declares its axes as a grid. A grid node is one of:
 
 Axes: ``method``, ``model``, ``precision``, ``delta``, ``mu_source``, ``params.<name>`` (a
 recipe parameter) and ``sim.<knob>`` (an embedded-backend knob, ``registry/sim_knobs.py``; such
-cells run on the embedded backend only). ``seeds`` is an axis too (a list, or a count n for seeds 0..n-1), crossed with
-the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may instead declare a
+cells run on the embedded backend only). ``seeds`` is an axis too (a list, or a count n for seeds
+0..n-1), crossed with the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may instead declare a
 ``search`` (Optuna through Ray Tune): a space and a budget, optimising a named metric.
 """
 
