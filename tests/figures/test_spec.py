@@ -98,3 +98,24 @@ def test_yaml_is_loaded_safely(tmp_path):
 def test_unknown_figure_names_the_available_ones():
     with pytest.raises(ConfigError, match="figure-1"):
         load_spec("figure-99")
+
+
+def test_control_series_are_checked_with_the_rest(tmp_path):
+    path = tmp_path / "controls.yaml"
+    path.write_text(
+        "sweep: s\n"
+        "methods: [pdm-agg, dppo-topk-kl]\n"
+        "panels:\n"
+        "  - {key: a, title: A, model: m, precision: bf16}\n"
+        "controls:\n"
+        "  - {key: pdm-agg, label: x, method: dppo-topk-kl, tags: {pdm.sim.lr: '0.0'}}\n"
+        "  - {key: c, label: y, method: dppo-topk-kl, tags: {}, linestyle: wavy}\n"
+    )
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    fields = {p.field for p in info.value.problems}
+    assert fields == {"controls.1.tags"}  # pydantic first: an empty tag filter is refused
+    path.write_text(path.read_text().replace("tags: {}, ", "tags: {pdm.sim.lr: '0.0'}, "))
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    assert {p.field for p in info.value.problems} == {"controls.0.key", "controls.1.linestyle"}

@@ -143,6 +143,23 @@ class DiagnosticsSpec(_Strict):
     )
 
 
+class ControlSpec(_Strict):
+    """A control series of the diagnostics figure: runs of ``method`` carrying ``tags`` (e.g. the
+    embedded backend's lr = 0 mismatch control, tagged ``pdm.sim.lr``), drawn as their own line.
+    Control runs never enter the main figure, its summary or the method lines."""
+
+    key: str = Field(description="Id of the series in the CSV files (not a method name).")
+    label: str = Field(description="Legend text, e.g. 'lr = 0 control'.")
+    method: str = Field(description="The `pdm.method` tag of the control runs.")
+    tags: dict[str, str] = Field(
+        min_length=1,
+        description="Exact tag matches that make a run of `method` a control run, e.g. "
+        "{pdm.sim.lr: '0.0'}.",
+    )
+    color: str = Field("#444444", description="Line colour.")
+    linestyle: str = Field("dotted", description="Matplotlib line style.")
+
+
 class PairedSpec(_Strict):
     """The summary table's paired comparison: each method minus the baseline, seed by seed."""
 
@@ -205,6 +222,11 @@ class FigureSpec(_Strict):
     diagnostics: DiagnosticsSpec | None = Field(
         None, description="Companion diagnostics figure; omitted when absent."
     )
+    controls: list[ControlSpec] = Field(
+        default_factory=list,
+        description="Control series drawn in the diagnostics figure after the methods (e.g. the "
+        "lr = 0 mismatch control of each setting).",
+    )
     layout: LayoutSpec = Field(default_factory=LayoutSpec, description="Size and typography.")
 
 
@@ -242,6 +264,19 @@ def _cross_field_problems(spec: FigureSpec, file: str) -> list[Problem]:
                 problems.append(Problem(file, f"paired.methods.{j}", f"{method!r} not in methods"))
             if method == spec.paired.baseline:
                 problems.append(Problem(file, f"paired.methods.{j}", "is the baseline itself"))
+    control_keys: set[str] = set()
+    for i, control in enumerate(spec.controls):
+        if control.key in spec.methods or control.key in control_keys:
+            problems.append(
+                Problem(
+                    file, f"controls.{i}.key", "must differ from the methods and other controls"
+                )
+            )
+        control_keys.add(control.key)
+        if control.linestyle not in _LINESTYLES:
+            problems.append(
+                Problem(file, f"controls.{i}.linestyle", f"not one of {sorted(_LINESTYLES)}")
+            )
     if spec.delta is not None and not math.isfinite(spec.delta):
         problems.append(Problem(file, "delta", "must be a finite number"))
     return problems
