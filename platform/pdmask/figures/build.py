@@ -19,7 +19,7 @@ import pandas as pd
 from pdmask import __version__
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
-from pdmask.figures.metric_names import sanitise
+from pdmask.figures.metric_names import stored_pattern
 from pdmask.figures.panels import make_panels, plotted_frame, seed_count_text
 from pdmask.figures.render import GridStyle, Panel, draw_grid, save
 from pdmask.figures.runs import Selection, list_runs, open_client, select_runs
@@ -114,7 +114,7 @@ def _write_main(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label
         footnote=_footnote(ctx, spec.smoothing),
     )
     save(fig, ctx.path("png", f"{spec.name}.png"), ctx.path("pdf", f"{spec.name}.pdf"), spec.layout)
-    frame = plotted_frame(spec.name, sanitise(spec.metric.pattern), ctx.keys, panels)
+    frame = plotted_frame(spec.name, stored_pattern(spec.metric.pattern), ctx.keys, panels)
     frame.to_csv(ctx.path("data_csv", f"{spec.name}.data.csv"), index=False)
     return panels
 
