@@ -49,7 +49,7 @@ def test_each_test_step_matches_a_hand_written_update_from_the_saved_state(analy
     setup, index = state.setup, state.index
     q = measure_tokens(setup, index, median_delta)
     params, optim = _saved(setup)
-    outcomes, rates = run_test_steps(setup, index, q, ("adamw", "sgd"), sgd_lr=0.05)
+    outcomes, rates, _ = run_test_steps(setup, index, q, ("adamw", "sgd"), sgd_lr=0.05)
     _assert_same_state(setup, params, optim)  # the analysis leaves the state as it found it
     assert rates == {"adamw": setup.optimizer.param_groups[0]["lr"], "sgd": 0.05}
     assert set(outcomes["adamw"]) == {"none", *TESTS}
@@ -75,7 +75,7 @@ def test_matched_sgd_step_moves_log_pi_as_far_as_the_adamw_step(analysed, median
     _, state = analysed
     q = measure_tokens(state.setup, state.index, median_delta)
     params, optim = _saved(state.setup)
-    outcomes, rates = run_test_steps(state.setup, state.index, q, ("adamw", "sgd"), sgd_lr=None)
+    outcomes, rates, _ = run_test_steps(state.setup, state.index, q, ("adamw", "sgd"), sgd_lr=None)
     target = outcomes["adamw"]["ratio"].rms_dlogp
     assert outcomes["sgd"]["ratio"].rms_dlogp == pytest.approx(target, rel=0.1)
     assert rates["sgd"] != 0.05

@@ -57,7 +57,7 @@ def _kv(overrides: list[str]) -> dict[str, str]:
 def test_dry_run_gives_a_complete_job_per_trial(dry_run):
     plan, home = dry_run
     trials = plan["trials"]
-    assert len(trials) == 32 and plan["cluster"] == "h20x32"
+    assert len(trials) == 48 and plan["cluster"] == "h20x32"
     uri = f"sqlite:///{home / 'mlflow.db'}"
     for row in trials:
         job, h = row["job"], row["trial_hash"]

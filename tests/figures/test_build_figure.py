@@ -238,9 +238,7 @@ def test_diagnostics_data_follow_the_logged_values(built):
         for seed in range(3)
     ]
     np.testing.assert_allclose(cell.value.to_numpy(), pd.concat(seeds, axis=1).mean(axis=1))
-    assert set(diag.metric) == {m.name for m in spec.diagnostics.metrics} - {
-        "actor/pdm/kl_topk_mean", "actor/pdm/disagree_agg", "actor/pdm/disagree_uni"
-    }  # fmt: skip
+    assert set(diag.metric) == {"actor/pdm/masked_frac"}  # the only diagnostic these runs log
 
 
 def test_rebuild_reads_finished_runs_from_the_cache(built):
@@ -329,3 +327,35 @@ def test_a_custom_spec_with_bootstrap_band_and_wrapped_panels(store, tmp_path):
     assert any("no runs for this setting" in n and "30B" in n for n in one.notes)
     image = imread(one.paths["png"])
     assert image.shape[0] > image.shape[1] * 0.6  # two rows of panels: a taller figure
+
+
+def test_control_runs_draw_their_own_diagnostics_line_and_never_mix_with_a_method(store, tmp_path):
+    """figure-1's lr = 0 control: dppo-topk-kl runs tagged pdm.sim.lr = 0.0 are a dotted line of
+    the diagnostics figure only; a run with a knob the figure does not ask for is left out."""
+    regular = [make_run("dppo-topk-kl", "4b-bf16", seed, FULL, diagnostics=True) for seed in (0, 1)]
+    control = [make_run("dppo-topk-kl", "4b-bf16", seed, FULL) for seed in (0, 1)]
+    for seed, run in enumerate(control):
+        run.tags["pdm.sim.lr"] = "0.0"
+        run.tags["pdm.trial_hash"] += "c"
+        run.metrics["actor/pdm/masked_frac"] = [(s, 0.5 + seed, T0 + s) for s in FULL]
+    other_task = make_run("dppo-topk-kl", "4b-bf16", 0, FULL, diagnostics=True)
+    other_task.tags["pdm.sim.task"] = "llm-like"
+    other_task.tags["pdm.trial_hash"] += "t"
+    other_task.metrics["actor/pdm/masked_frac"] = [(s, 9.0, T0 + s) for s in FULL]
+    sweep, _ = store.new_sweep([*regular, *control, other_task])
+    result = build_figure("figure-1", sweep=sweep, tracking_uri=store.uri, out_dir=tmp_path)
+
+    main = pd.read_csv(result.paths["data_csv"])
+    assert set(main.method) == {"dppo-topk-kl"}  # the control never enters the main figure
+    expected = np.mean([eval_value("dppo-topk-kl", "4b-bf16", sd, "aime24", 10) / 2
+                        + eval_value("dppo-topk-kl", "4b-bf16", sd, "aime25", 10) / 2
+                        for sd in (0, 1)])  # fmt: skip
+    last = main[(main.series == "mean") & (main.step == 10)].value.item()
+    assert abs(last - expected) < 0.05  # the regular seeds only (smoothed), not 0.5 + seed
+    diag = pd.read_csv(result.paths["diagnostics_csv"])
+    frac = diag[(diag.metric == "actor/pdm/masked_frac") & (diag.series == "mean")]
+    assert set(frac.method) == {"dppo-topk-kl", "lr0-control"}
+    np.testing.assert_allclose(frac[frac.method == "lr0-control"].value, 1.0)  # mean of 0.5, 1.5
+    assert frac[frac.method == "dppo-topk-kl"].value.max() < 0.01  # no llm-like run (9.0) mixed in
+    manifest = json.loads(result.paths["manifest"].read_text())
+    assert manifest["ignored_runs"] == {"embedded-backend knobs not in figure": 1}

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pdmask.errors import ConfigError, ValidationFailed
 from pdmask.figures.spec import available_specs, figures_for_sweep, load_spec
+
+DASHBOARDS = Path(__file__).resolve().parents[2] / "dashboards"
 
 
 def test_paper_figures_read_their_sweeps_at_their_delta():
@@ -91,10 +95,41 @@ def test_yaml_is_loaded_safely(tmp_path):
     path.write_text(f"sweep: !!python/object/apply:os.system ['touch {marker}']\n")
     with pytest.raises(ValidationFailed) as info:
         load_spec(path)
-    assert info.value.problems[0].field == "(yaml)"
+    assert info.value.problems[0].field == "(syntax)"  # the sweep files' word for it
     assert not marker.exists()
+
+
+def test_a_repeated_key_is_refused_with_its_line(tmp_path):
+    good = (DASHBOARDS / "figure-1.yaml").read_text()
+    path = tmp_path / "figure-1.yaml"
+    path.write_text(good + "delta: 0.05\n")  # YAML would silently keep the last delta
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    (problem,) = [p for p in info.value.problems if "duplicate key" in p.message]
+    assert problem.field == "delta" and problem.line == len(good.splitlines()) + 1
 
 
 def test_unknown_figure_names_the_available_ones():
     with pytest.raises(ConfigError, match="figure-1"):
         load_spec("figure-99")
+
+
+def test_control_series_are_checked_with_the_rest(tmp_path):
+    path = tmp_path / "controls.yaml"
+    path.write_text(
+        "sweep: s\n"
+        "methods: [pdm-agg, dppo-topk-kl]\n"
+        "panels:\n"
+        "  - {key: a, title: A, model: m, precision: bf16}\n"
+        "controls:\n"
+        "  - {key: pdm-agg, label: x, method: dppo-topk-kl, tags: {pdm.sim.lr: '0.0'}}\n"
+        "  - {key: c, label: y, method: dppo-topk-kl, tags: {}, linestyle: wavy}\n"
+    )
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    fields = {p.field for p in info.value.problems}
+    assert fields == {"controls.1.tags"}  # pydantic first: an empty tag filter is refused
+    path.write_text(path.read_text().replace("tags: {}, ", "tags: {pdm.sim.lr: '0.0'}, "))
+    with pytest.raises(ValidationFailed) as info:
+        load_spec(path)
+    assert {p.field for p in info.value.problems} == {"controls.0.key", "controls.1.linestyle"}

@@ -43,7 +43,7 @@ def test_table_fits_100_columns():
     out = pdm("sweep", "main-figure", "--dry-run", check=True)
     lines = out.stdout.splitlines()
     assert max(len(line.rstrip()) for line in lines) <= 100
-    assert sum("pdm-agg" in line for line in lines) == 8
+    assert sum("pdm-agg" in line for line in lines) == 12
 
 
 def test_dry_run_writes_nothing(project):

@@ -56,3 +56,26 @@ def test_evaluation_cannot_ask_for_more_problems_than_are_held_out():
         SimTrialConfig.from_mapping(
             {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "eval_problems": 10_000}
         )
+
+
+def test_the_sweep_reachable_knobs_are_the_backends_and_name_its_task_regimes():
+    from pdmask.backends.sim.task import TASKS
+    from pdmask.registry.sim_knobs import SimKnobs, TaskName
+
+    assert set(get_args(TaskName)) == set(TASKS)
+    assert set(SimKnobs.model_fields) <= set(SimTrialConfig.model_fields)  # inherited, one home
+    llm = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, task="llm-like")
+    assert llm.task_spec is TASKS["llm-like"]
+    assert (
+        SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0).task_spec is TASKS["synonyms"]
+    )
+
+
+def test_lr_zero_is_the_mismatch_control_and_negative_rates_are_refused():
+    control = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, lr=0)
+    assert control.resolved().lr == 0 and not control.learns
+    assert SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0).learns
+    with pytest.raises(ValidationFailed, match="lr"):
+        SimTrialConfig.from_mapping(
+            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "lr": -1e-4}
+        )

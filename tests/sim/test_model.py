@@ -61,3 +61,26 @@ def test_each_token_uses_exactly_k_experts():
             g * moe.experts[int(e)](x[i : i + 1]) for g, e in zip(gates, top.indices, strict=True)
         )
         assert torch.allclose(out[i : i + 1], expected, atol=1e-6)
+
+
+def test_bf16_linear_rounds_the_float32_product_like_the_native_bf16_kernel():
+    """Both accumulate in float32 and round once to bf16; only the summation order differs. Two
+    float32 sums of the same K terms differ by at most 2 K 2^-24 sum|x w| (the accumulation
+    error bound), and each is then rounded to bf16 (one step, 2^-7 relative, apart at most)."""
+    from pdmask.backends.sim.model import linear
+
+    torch.manual_seed(0)
+    for rows, k, out in ((256, 64, 192), (64 * 11, 256, 64), (512, 64, 1025)):
+        x = torch.randn(rows, k).bfloat16()
+        w = (torch.randn(out, k) * 0.1).bfloat16()
+        ours = linear(x, w, None)
+        native = torch.nn.functional.linear(x, w)
+        assert ours.dtype == torch.bfloat16
+        step = torch.finfo(torch.bfloat16).eps * torch.maximum(ours.abs(), native.abs()).float()
+        terms = x.float().abs() @ w.float().abs().T
+        accumulation = 2 * k * torch.finfo(torch.float32).eps / 2 * terms
+        assert ((ours.float() - native.float()).abs() <= step + accumulation).all()
+        assert (ours == native).float().mean() > 0.99  # a boundary case is rare, not the rule
+    x32 = torch.randn(8, 64)
+    w32 = torch.randn(16, 64)
+    assert torch.equal(linear(x32, w32, None), torch.nn.functional.linear(x32, w32))

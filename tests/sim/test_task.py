@@ -61,3 +61,37 @@ def test_likeliest_class_pools_synonyms():
     probs[sevens] = 0.06  # 0.6 spread over ten synonyms of 7
     probs[FIRST_DIGIT_TOKEN + 3] = 0.4  # the single likeliest token is a 3
     assert int(DEFAULT_TASK.likeliest_class(probs)) == 7
+
+
+def test_the_llm_like_regime_has_one_token_per_digit_and_a_long_thin_filler_tail():
+    from pdmask.backends.sim.task import TASKS
+
+    task = TASKS["llm-like"]
+    assert task.vocab_size == 4096 and task.digit_tokens == 10
+    assert task.vocab_size - task.first_filler == task.filler_tokens > 4000
+    g = torch.Generator().manual_seed(0)
+    a, b = task.sample_train(20_000, g)
+    demos = task.demonstrations(a, b, g)
+    fillers = demos >= task.first_filler
+    assert abs(float(fillers.float().mean()) - task.filler_rate) < 0.002  # 80k positions
+    probs = task.filler_probs()  # Zipf: the most frequent filler is rare, the tail rarer still
+    assert probs[0] < 0.2 and probs[-1] < probs[0] / 1000
+    assert torch.equal(task.score(a, b, demos), (~fillers).all(1).float())  # a filler is wrong
+    assert set(task.token_class(demos[fillers]).tolist()) == {10}
+    right = torch.cat([FIRST_DIGIT_TOKEN + task.answer(a[:1], b[:1]), torch.tensor([[EOS]])], 1)
+    assert task.score(a[:1], b[:1], right).tolist() == [1.0]
+
+
+def test_the_synonym_regime_draws_the_same_demonstrations_as_before_fillers_existed():
+    """No filler draw touches the generator when a task has no fillers (base models unchanged)."""
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    a, b = DEFAULT_TASK.sample_train(8, g1)
+    DEFAULT_TASK.sample_train(8, g2)
+    first = DEFAULT_TASK.demonstrations(a, b, g1, noise=0.4)
+    digits = DEFAULT_TASK.answer(a, b)
+    noisy = torch.rand(digits.shape, generator=g2) < 0.4
+    random_digits = torch.randint(0, 10, digits.shape, generator=g2)
+    digits = torch.where(noisy, random_digits, digits)
+    ranks = torch.multinomial(DEFAULT_TASK.synonym_probs(), digits.numel(), True, generator=g2)
+    expected = FIRST_DIGIT_TOKEN + ranks.view_as(digits) * 10 + digits
+    assert torch.equal(first[:, :-1], expected) and (first[:, -1] == EOS).all()

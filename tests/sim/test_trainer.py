@@ -28,6 +28,11 @@ PER_STEP = [
     "actor/pdm/sign_match_bucket",
     "actor/pg_loss",
     "actor/grad_norm",
+    "actor/entropy",
+    "actor/pdm/ratio_p01",
+    "actor/pdm/ratio_p50",
+    "actor/pdm/ratio_p99",
+    "actor/pdm/mismatch_kl_topk",
     "perf/tokens_per_s",
 ]
 TIMING = {"perf/tokens_per_s", "sim/wall_s"}  # wall-clock: varies run to run
@@ -115,3 +120,60 @@ def test_a_checkpoint_of_another_config_is_refused(smoke_config, tmp_path):
     run(smoke_config(steps=2), tmp_path)
     with pytest.raises(ConfigError, match="another trial config"):
         run(smoke_config(steps=2, seed=9), tmp_path)
+
+
+def _step_one_reference(cfg):
+    """The step-1 rollout and its first minibatch, rebuilt from the trial's own random streams."""
+    from pdmask.backends.sim.state import TrialState, step_generator
+
+    state = TrialState(cfg)
+    generator = step_generator(cfg.seed, 1, "rollout")
+    state.trainer.train()
+    batch = state.rollout(generator)
+    order = torch.randperm(batch.size, generator=generator)
+    return state, batch, order.chunk(cfg.resolved().minibatches)
+
+
+def test_entropy_is_verls_mean_token_entropy_of_the_policy_before_the_update(
+    smoke_config, tmp_path
+):
+    """actor/entropy: the trainer's policy at the step's starting parameters, token-mean over the
+    response tokens of the first minibatch (float64 reference; float32 sums over 1,025 terms of at
+    most 0.37 each are good to ~5e-5)."""
+    from pdmask.backends.sim.grpo import trainer_logits
+    from pdmask.backends.sim.trainer import rl_step
+
+    cfg = smoke_config()
+    state, batch, minibatches = _step_one_reference(cfg)
+    with torch.no_grad():
+        logp = torch.log_softmax(trainer_logits(state.trainer, batch, minibatches[0]).double(), -1)
+    entropy = -(logp.exp() * logp).sum(-1)[batch.valid[minibatches[0]]].mean()
+    metrics = rl_step(state, recipe_method("pdm-agg", delta=0.15), 1)
+    assert metrics["actor/entropy"] == pytest.approx(float(entropy), abs=1e-4)
+    assert 0 < metrics["actor/entropy"] < math.log(cfg.task_spec.vocab_size)
+
+
+def test_the_lr_zero_control_never_moves_the_policy_and_logs_the_mismatch(smoke_config, tmp_path):
+    from pdmask.backends.sim.grpo import trainer_logits
+
+    cfg = smoke_config(lr=0.0, precision="fp8-rollout")
+    state, batch, _ = _step_one_reference(cfg)
+    before = {k: v.clone() for k, v in state.trainer.state_dict().items()}
+    with torch.no_grad():
+        logits = trainer_logits(state.trainer, batch, torch.arange(batch.size))
+    logp = torch.log_softmax(logits.double(), -1)
+    taken = logp.gather(-1, batch.generation.responses.unsqueeze(-1)).squeeze(-1)
+    ratio = (taken - batch.generation.mu_logp.double()).exp()[batch.valid]
+
+    reports, _ = run(cfg, tmp_path)
+    after = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["trainer"]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was learned
+    step_one = reports[1][1]
+    assert "actor/grad_norm" not in step_one  # no backward pass was taken
+    assert step_one["actor/pdm/mismatch_kl_topk"] > 0  # FP8 rollout: a real mismatch
+    # Every minibatch meets the same parameters, so the step's ratios are the whole batch's at
+    # once (float32 ratios: relative error ~ eps * |log pi| < 1e-5).
+    for name, q in {"p01": 0.01, "p50": 0.5, "p99": 0.99}.items():
+        expected = float(torch.quantile(ratio, q))
+        assert step_one[f"actor/pdm/ratio_{name}"] == pytest.approx(expected, rel=1e-5)
+    assert step_one["actor/pdm/ratio_p01"] < 1 < step_one["actor/pdm/ratio_p99"]

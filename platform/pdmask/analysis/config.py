@@ -19,7 +19,7 @@ from pdmask.errors import ConfigError, Problem, ValidationFailed
 
 # Bump when the protocol or the recorded quantities change: cached seeds of older versions are
 # then ignored instead of being mixed into a new table.
-ANALYSIS_VERSION = 2
+ANALYSIS_VERSION = 3
 
 OptimizerName = Literal["adamw", "sgd"]
 
@@ -66,8 +66,18 @@ class TokenAnalysisConfig(BaseModel):
     minibatches: int | None = Field(
         8,
         gt=0,
-        description="Minibatches of the analysed rollout (all but the last are trained first, so "
-        "the last lags mu by that many updates less one). None = the profile's. 8 minibatches of a 1024-prompt rollout resemble the paper's VeRL steps (large batch, many minibatches).",
+        description="Minibatches of the analysed rollout, trained one after the other with the "
+        "trial's mask (minibatch i lags mu by i - 1 updates). None = the profile's. 8 minibatches "
+        "of a 1024-prompt rollout resemble the paper's VeRL steps (large batch, many minibatches).",
+    )
+    analysed_minibatches: int = Field(
+        1,
+        gt=0,
+        description="How many of the rollout's last minibatches are analysed, each from its own "
+        "saved state (the parameters and optimizer state training reaches just before that "
+        "minibatch's update; after the analysis the real update is made and training goes on). "
+        "More gives more tokens per seed at proportional cost; the earliest minibatches hardly "
+        "leave the region.",
     )
     split: Literal["sequences", "groups"] = Field(
         "sequences",
@@ -88,9 +98,12 @@ class TokenAnalysisConfig(BaseModel):
         "token's own gradient only), to check the derivative apart from cross-token effects.",
     )
     tie_tol: float = Field(
-        1e-6,
+        2e-4,
         ge=0,
-        description="|change of D_t| at or below this counts as unchanged (neither grew nor shrank).",
+        description="|change of D_t| at or below this counts as unchanged (neither grew nor shrank). "
+        "Must stay above the float32 rounding of the change, which every seed measures against "
+        "a float64 recomputation (the report states both): up to ~3e-5 measured on the stress "
+        "profile's states (both task regimes), against a median change of ~0.07.",
     )
 
     def config_hash(self, setting: dict[str, Any]) -> str:

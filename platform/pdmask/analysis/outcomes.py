@@ -7,13 +7,23 @@
 - A seed *favours* the predictive test when its unsafe-keep rate is lower than the ratio test's
   on that seed; the paired two-sided sign test asks whether the split of non-tied seeds could be
   a fair coin's.
+- *Power*: the paired t-test of the per-seed differences, and the smallest mean difference this
+  many seeds could detect at ``ALPHA`` (two-sided) with power ``POWER`` given the observed sd of
+  the differences (exact, through the noncentral t distribution); for the sign test, how many of
+  the compared seeds must favour one side for p <= ``ALPHA`` and the share of favouring seeds it
+  detects with power ``POWER``.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
+from scipy import optimize, stats
+
+ALPHA = 0.05  # two-sided significance level of the power statements
+POWER = 0.8
 
 
 def count_outcomes(d_kl: torch.Tensor, kept: torch.Tensor, tol: float) -> dict[str, int]:
@@ -55,4 +65,62 @@ def paired_comparison(baseline: list[float], candidate: list[float]) -> dict[str
         "seeds_against": against,
         "seeds_tied": len(pairs) - favour - against,
         "sign_test_p": sign_test_p(favour, against),
+        **paired_t(pairs),
+        **sign_test_power(favour + against),
     }
+
+
+def paired_t(pairs: list[tuple[float, float]]) -> dict[str, float]:
+    """Paired t-test of ``candidate - baseline`` and its minimal detectable difference."""
+    diffs = [c - b for b, c in pairs]
+    n = len(diffs)
+    if n < 2:
+        return {"mean_difference": math.nan, "sd_difference": math.nan, "t_test_p": math.nan,
+                "detectable_difference": math.nan}  # fmt: skip
+    mean, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    if sd == 0:
+        p = 1.0 if mean == 0 else 0.0
+    else:
+        p = float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
+    return {
+        "mean_difference": mean,
+        "sd_difference": sd,
+        "t_test_p": p,
+        "detectable_difference": detectable_difference(n, sd),
+    }
+
+
+def detectable_difference(n: int, sd: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    """Smallest true mean difference a two-sided paired t-test on ``n`` pairs with difference sd
+    ``sd`` rejects with probability ``power`` (noncentral t, solved exactly)."""
+    if n < 2 or not sd > 0:
+        return math.nan
+    df, critical = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
+
+    def shortfall(effect: float) -> float:
+        nc = effect * math.sqrt(n) / sd
+        wrong_side = stats.nct.cdf(-critical, df, nc)  # ~0, and NaN in scipy far in the tail
+        return (
+            stats.nct.sf(critical, df, nc)
+            + (wrong_side if wrong_side == wrong_side else 0.0)
+            - power
+        )
+
+    # Power is ~1 once the noncentrality exceeds the critical value by 10 (and scipy's noncentral
+    # t is unreliable far beyond): that bounds the search.
+    upper = (critical + 10) * sd / math.sqrt(n)
+    return float(optimize.brentq(shortfall, 0.0, upper))
+
+
+def sign_test_power(n: int, alpha: float = ALPHA, power: float = POWER) -> dict[str, float]:
+    """For ``n`` non-tied seeds: the fewest favouring seeds with sign-test p <= ``alpha``, and the
+    true share of favouring seeds that the test detects with probability ``power``."""
+    needed = next((k for k in range(n // 2, n + 1) if sign_test_p(k, n - k) <= alpha), None)
+    if needed is None:
+        return {"sign_test_needed": math.nan, "sign_test_detectable_share": math.nan}
+
+    def shortfall(share: float) -> float:
+        return stats.binom.sf(needed - 1, n, share) + stats.binom.cdf(n - needed, n, share) - power
+
+    share = 1.0 if shortfall(1.0) < 0 else float(optimize.brentq(shortfall, 0.5, 1.0))
+    return {"sign_test_needed": float(needed), "sign_test_detectable_share": share}

@@ -3,7 +3,8 @@
 One row per optimizer. Left: a slope graph, one line per seed from its ratio-test rate to its
 divergence-test rate (green when the divergence test is lower, i.e. the seed favours it), pooled
 rates as black markers, the paper's pooled rates as grey stars. Right: the per-seed differences,
-sorted, so the 38-of-61 style count can be read off directly.
+sorted, so the 38-of-61 style count can be read off directly; the title adds the paired t-test
+and the smallest mean difference the run could detect.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def paired_plot(summary: dict[str, Any], path: Path, *, estimator: str = "agg") 
     import matplotlib.pyplot as plt
 
     opts = list(summary["optimizers"])
-    fig, axes = plt.subplots(len(opts), 2, figsize=(10, 3.8 * len(opts)), squeeze=False)
+    fig, axes = plt.subplots(len(opts), 2, figsize=(10, 4.2 * len(opts)), squeeze=False)
     for row, opt in zip(axes, opts, strict=True):
         tests = summary["optimizers"][opt]["tests"]
         base = tests["ratio"]["per_seed_unsafe_keep"]
@@ -63,7 +64,9 @@ def paired_plot(summary: dict[str, Any], path: Path, *, estimator: str = "agg") 
         right.set_title(
             f"{opt}: {estimator} − ratio per seed\n{cmp['seeds_favouring']} of "
             f"{cmp['seeds_compared']} seeds favour {estimator}, {cmp['seeds_tied']} tied; "
-            f"sign test p = {cmp['sign_test_p']:.3g}",
+            f"sign test p = {cmp['sign_test_p']:.3g}\nmean {100 * cmp['mean_difference']:+.2f} pp, "
+            f"paired t p = {cmp['t_test_p']:.3g}; detectable: "
+            f"{100 * cmp['detectable_difference']:.2f} pp (power 0.8)",
             fontsize=9,
         )
         right.set_xlabel("seeds, sorted")

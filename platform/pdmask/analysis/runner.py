@@ -145,7 +145,7 @@ def _prepare_base_model(setting: TrainingSetting, progress: Progress) -> dict[st
     sim_cfg = sim_config(setting.trial(0))
     progress(f"base model of {sim_cfg.stand_in} (built once, then cached)")
     TrialState(sim_cfg)
-    return {"stand_in": sim_cfg.stand_in, "budget": sim_cfg.resolved()}
+    return {"stand_in": sim_cfg.stand_in, "budget": sim_cfg.resolved(), "task": sim_cfg.task}
 
 
 def run_token_analysis(
@@ -192,7 +192,11 @@ def run_token_analysis(
         "train_steps": cfg.train_steps,
         "prompts": cfg.prompts or base["budget"].prompts_per_step,
         "minibatches": cfg.minibatches or base["budget"].minibatches,
+        "analysed_minibatches": cfg.analysed_minibatches,
         "split": cfg.split,
+        "task": base["task"],
+        "profile": setting.template["profile"],
+        "tie_tol": cfg.tie_tol,
         "config_hash": config_hash,
     }
     summary, paths = write_outputs(records, meta, folder)

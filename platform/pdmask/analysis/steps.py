@@ -79,39 +79,96 @@ def matched_sgd_lr(setup, index, before, log_pi_before, snapshot, target_rms: fl
     return SGD_PROBE_LR * target_rms / moved if moved > 0 else SGD_PROBE_LR
 
 
+def _mask_key(mask: torch.Tensor) -> bytes:
+    return mask.numpy().tobytes()
+
+
 def run_test_steps(
     setup,
     index: torch.Tensor,
     before: TokenQuantities,
     optimizers: tuple[str, ...],
     sgd_lr: float | None,
-) -> tuple[dict[str, dict[str, StepOutcome]], dict[str, float]]:
-    """``outcomes[optimizer][test]`` for every test plus the keep-all reference; learning rates."""
+    tol: float = 0.0,
+) -> tuple[dict[str, dict[str, StepOutcome]], dict[str, float], dict[str, dict]]:
+    """``outcomes[optimizer][test]`` for every test plus the keep-all reference; the learning
+    rates; and per optimizer the float32 rounding of the keep-all step (:func:`rounding`).
+
+    Tests whose masks are identical share one step: from the same state the same mask gives the
+    same step, bit for bit (deterministic kernels, one thread), so it is taken once.
+    """
     tests = (KEEP_ALL, *TESTS)
     snapshot = Snapshot(setup.trainer, setup.optimizer)
     with torch.no_grad():
         log_pi_before = log_pi_of(setup, index)
     outcomes: dict[str, dict[str, StepOutcome]] = {}
     rates: dict[str, float] = {"adamw": float(setup.optimizer.param_groups[0]["lr"])}
+    roundings: dict[str, dict] = {}
 
-    def adamw_step(test: str) -> StepOutcome:
-        snapshot.restore(setup.trainer, setup.optimizer)
-        return one_step(setup, setup.optimizer, before.mask(test), index, before, log_pi_before)
+    def steps_with(name: str, make_optimizer) -> dict[str, StepOutcome]:
+        taken: dict[bytes, StepOutcome] = {}
+        out: dict[str, StepOutcome] = {}
+        for test in tests:
+            mask = before.mask(test)
+            key = _mask_key(mask)
+            if key not in taken:
+                snapshot.restore(setup.trainer, setup.optimizer)
+                taken[key] = one_step(setup, make_optimizer(), mask, index, before, log_pi_before)
+                if test == KEEP_ALL:
+                    after = copy.deepcopy(setup.trainer.state_dict())
+                    roundings[name] = rounding(
+                        setup, index, snapshot.model, after, taken[key].d_kl, before, tol
+                    )
+            out[test] = taken[key]
+        return out
 
     if "adamw" in optimizers:
-        outcomes["adamw"] = {t: adamw_step(t) for t in tests}
+        outcomes["adamw"] = steps_with("adamw", lambda: setup.optimizer)
     if "sgd" in optimizers:
         lr = sgd_lr
         if lr is None:
-            reference = outcomes["adamw"]["ratio"] if "adamw" in outcomes else adamw_step("ratio")
-            lr = matched_sgd_lr(setup, index, before, log_pi_before, snapshot, reference.rms_dlogp)
+            if "adamw" in outcomes:
+                target = outcomes["adamw"]["ratio"].rms_dlogp
+            else:
+                snapshot.restore(setup.trainer, setup.optimizer)
+                mask = before.mask("ratio")
+                target = one_step(
+                    setup, setup.optimizer, mask, index, before, log_pi_before
+                ).rms_dlogp
+            lr = matched_sgd_lr(setup, index, before, log_pi_before, snapshot, target)
         rates["sgd"] = lr
-        outcomes["sgd"] = {}
-        for test in tests:
-            snapshot.restore(setup.trainer, setup.optimizer)
-            sgd = torch.optim.SGD(setup.trainer.parameters(), lr=lr)
-            outcomes["sgd"][test] = one_step(
-                setup, sgd, before.mask(test), index, before, log_pi_before
-            )
+        outcomes["sgd"] = steps_with(
+            "sgd", lambda: torch.optim.SGD(setup.trainer.parameters(), lr=lr)
+        )
     snapshot.restore(setup.trainer, setup.optimizer)
-    return outcomes, rates
+    return outcomes, rates, roundings
+
+
+def rounding(setup, index, params_before, params_after, d_kl32, before, tol) -> dict:
+    """How far float32 rounding moves a step's measured change of ``D_t``.
+
+    The same two parameter sets are re-measured in float64 (a float64 copy of the trainer, the
+    rollout's log-probs upcast): the difference of the two changes is the rounding of the float32
+    forward pass and statistics. Returned over all valid tokens and over the out-of-region ones,
+    with how many out-of-region tokens the two precisions classify differently (grew / shrank /
+    unchanged within ``tol``).
+    """
+    d_kl64 = setup.kl_topk_float64(params_after, index) - setup.kl_topk_float64(
+        params_before, index
+    )
+    valid, oor = before.valid, before.out_of_region
+    error = (d_kl32.double() - d_kl64).abs()
+
+    def outcome(d: torch.Tensor) -> torch.Tensor:
+        return (d > tol).int() - (d < -tol).int()
+
+    decided = oor & (d_kl64.abs() > tol)
+    flipped = oor & (outcome(d_kl32.double()) != outcome(d_kl64))
+    return {
+        "tokens": int(valid.sum()),
+        "max_abs": float(error[valid].max()) if valid.any() else 0.0,
+        "max_abs_oor": float(error[oor].max()) if oor.any() else 0.0,
+        "median_change_oor": float(d_kl64[oor].abs().median()) if oor.any() else 0.0,
+        "oor_decided": int(decided.sum()),
+        "oor_flipped": int(flipped.sum()),
+    }

@@ -94,7 +94,27 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         lrs = [r["lr"][opt] for r in records]
         summary["optimizers"][opt] = {"lr_mean": statistics.fmean(lrs), "tests": per_test}
     summary["isolated"] = _isolated(records)
+    summary["rounding"] = _rounding(records, optimizers)
+    masses = [r["topk_mass"] for r in records]
+    summary["topk_mass"] = [statistics.fmean(col) for col in zip(*masses, strict=True)]
+    summary["analysed_minibatches"] = len(records[0]["analysed_positions"]) if records else 0
     return summary
+
+
+def _rounding(records: list[dict], optimizers: list[str]) -> dict[str, Any]:
+    """The float32 rounding of the measured changes of D_t, worst case over seeds."""
+    out = {}
+    for opt in optimizers:
+        cells = [r["rounding"][opt] for r in records]
+        out[opt] = {
+            "tokens": sum(c["tokens"] for c in cells),
+            "max_abs": max(c["max_abs"] for c in cells),
+            "max_abs_oor": max(c["max_abs_oor"] for c in cells),
+            "median_change_oor": statistics.median(c["median_change_oor"] for c in cells),
+            "oor_decided": sum(c["oor_decided"] for c in cells),
+            "oor_flipped": sum(c["oor_flipped"] for c in cells),
+        }
+    return out
 
 
 def _isolated(records: list[dict]) -> dict[str, Any]:

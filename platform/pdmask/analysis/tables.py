@@ -13,7 +13,7 @@ SEED_COLUMNS = [
     "masked", "kept", "grew", "shrank", "unsafe_keep", "shrink_share", "lr", "reward_mean",
 ]  # fmt: skip
 TOKEN_VALUES = [
-    "kl_topk", "kl_full", "ratio", "advantage", "ddot_agg", "ddot_uni", "ddot_bucket",
+    "minibatch", "kl_topk", "kl_full", "ratio", "advantage", "ddot_agg", "ddot_uni", "ddot_bucket",
     "ddot_exact",
 ]  # fmt: skip
 

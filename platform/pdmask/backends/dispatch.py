@@ -40,6 +40,7 @@ def sim_config(trial: Trial):
             precision=trial.precision,
             profile=trial.profile,
             seed=trial.seed,
+            **trial.sim,
             **extra,
         )
     except ValidationError as err:  # a configuration problem: fail fast, never retried

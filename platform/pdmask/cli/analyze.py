@@ -82,6 +82,10 @@ def tokens(
     train_steps: Annotated[int | None, _flag("train_steps", rich_help_panel=SETTING)] = None,
     prompts: Annotated[int | None, _flag("prompts", rich_help_panel=STEP)] = None,
     minibatches: Annotated[int | None, _flag("minibatches", rich_help_panel=STEP)] = None,
+    analysed_minibatches: Annotated[
+        int | None, _flag("analysed_minibatches", rich_help_panel=STEP)
+    ] = None,
+    tie_tol: Annotated[float | None, _flag("tie_tol", rich_help_panel=STEP)] = None,
     split: Annotated[_config_type("split") | None, _flag("split", rich_help_panel=STEP)] = None,
     sgd_lr: Annotated[float | None, _flag("sgd_lr", rich_help_panel=STEP)] = None,
     isolated_tokens: Annotated[int | None, _flag("isolated_tokens", rich_help_panel=STEP)] = None,
@@ -108,11 +112,11 @@ def tokens(
 ) -> None:
     """Ratio test vs predictive direction tests: one real step each, per seed.
 
-    For each seed: train the sweep's setting a few steps, roll out, train all minibatches but the
-    last, then on the last one take one real optimizer step per direction test from the same
-    saved state and measure every out-of-region token's change of D_t. Writes a markdown report,
-    CSV tables, a per-seed paired plot and an MLflow run. Finished seeds are cached: Ctrl-C and
-    rerun resumes.
+    For each seed: train the sweep's setting a few steps, roll out, train the minibatches one by
+    one; on the last one (or the last few), take one real optimizer step per direction test from
+    the same saved state and measure every out-of-region token's change of D_t. States the power
+    of the comparison and the float32 rounding. Writes a markdown report, CSV tables, a per-seed
+    paired plot and an MLflow run. Finished seeds are cached: Ctrl-C and rerun resumes.
     """
     from pdmask.analysis import TokenAnalysisConfig, run_token_analysis
     from pdmask.analysis.config import parse_optimizers
@@ -128,6 +132,8 @@ def tokens(
             "train_steps": train_steps,
             "prompts": prompts,
             "minibatches": minibatches,
+            "analysed_minibatches": analysed_minibatches,
+            "tie_tol": tie_tol,
             "split": split,
             "sgd_lr": sgd_lr,
             "isolated_tokens": isolated_tokens,

@@ -19,7 +19,7 @@ import pandas as pd
 from pdmask import __version__
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
-from pdmask.figures.metric_names import sanitise
+from pdmask.figures.metric_names import stored_pattern
 from pdmask.figures.panels import make_panels, plotted_frame, seed_count_text
 from pdmask.figures.render import GridStyle, Panel, draw_grid, save
 from pdmask.figures.runs import Selection, list_runs, open_client, select_runs
@@ -82,12 +82,21 @@ def _footnote(ctx: _Context, smoothing: SmoothingSpec) -> str:
     return "; ".join(parts) + "."
 
 
-def _grid_style(ctx: _Context, band: BandSpec, seeds: str) -> GridStyle:
+def _grid_style(
+    ctx: _Context, band: BandSpec, seeds: str, *, with_controls: bool = False
+) -> GridStyle:
     # A band needs two seeds: with one seed per line there is none, and no legend entry for it.
     label = (
         band.describe(seeds) if band.kind != "none" and seeds not in {"1 seed", "no seeds"} else ""
     )
-    return GridStyle(ctx.styles, ctx.spec.linestyles, ctx.spec.methods, ctx.spec.layout, label)
+    spec = ctx.spec
+    styles, linestyles, series = dict(ctx.styles), dict(spec.linestyles), list(spec.methods)
+    if with_controls:
+        for control in spec.controls:
+            styles[control.key] = MethodStyle(control.label, control.color)
+            linestyles[control.key] = control.linestyle
+            series.append(control.key)
+    return GridStyle(styles, linestyles, series, spec.layout, label)
 
 
 def _write_main(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label: str):
@@ -105,7 +114,7 @@ def _write_main(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label
         footnote=_footnote(ctx, spec.smoothing),
     )
     save(fig, ctx.path("png", f"{spec.name}.png"), ctx.path("pdf", f"{spec.name}.pdf"), spec.layout)
-    frame = plotted_frame(spec.name, sanitise(spec.metric.pattern), ctx.keys, panels)
+    frame = plotted_frame(spec.name, stored_pattern(spec.metric.pattern), ctx.keys, panels)
     frame.to_csv(ctx.path("data_csv", f"{spec.name}.data.csv"), index=False)
     return panels
 
@@ -113,11 +122,12 @@ def _write_main(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label
 def _write_diagnostics(ctx: _Context, seeds: str) -> None:
     spec, dspec = ctx.spec, ctx.spec.diagnostics
     band = dspec.band or spec.band
+    style = _grid_style(ctx, band, seeds, with_controls=True)
     grid: list[list[Panel]] = []
     frames: list[pd.DataFrame] = []
     for metric in dspec.metrics:
         cells = metric_curves(ctx.selection, ctx.histories, metric.name, dspec.smoothing)
-        panels = make_panels(spec, ctx.selection, cells, band, ctx.styles)
+        panels = make_panels(spec, ctx.selection, cells, band, style.styles, style.methods)
         if grid:  # settings are named once, above the first row
             for panel in panels:
                 panel.title = ""
@@ -125,7 +135,7 @@ def _write_diagnostics(ctx: _Context, seeds: str) -> None:
         frames.append(plotted_frame(f"{spec.name}-diagnostics", metric.name, ctx.keys, panels))
     fig = draw_grid(
         grid,
-        _grid_style(ctx, band, seeds),
+        style,
         row_labels=[m.label for m in dspec.metrics],
         yscales=[m.yscale for m in dspec.metrics],
         x_label=spec.x_label,

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pdmask.figures.metric_names import match_datasets, sanitise
+from pdmask.figures.metric_names import match_datasets
 from pdmask.figures.runs import RunRecord, Selection
 from pdmask.figures.series import Curve, mean_over_datasets, smooth
 from pdmask.figures.spec import FigureSpec, SmoothingSpec
+from pdmask.tracking.metric_names import sanitize_metric
 
 Histories = Mapping[str, Mapping[str, Curve]]  # run id -> metric name -> curve
 
@@ -25,7 +26,7 @@ class CellCurves:
 
 def _logged_name(run: RunRecord, name: str) -> str:
     """The name under which ``run`` logged ``name`` (as written, or MLflow-sanitised)."""
-    return name if name in run.metric_keys else sanitise(name)
+    return name if name in run.metric_keys else sanitize_metric(name)
 
 
 def wanted_metrics(spec: FigureSpec, selection: Selection) -> Iterable[tuple[RunRecord, list]]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -32,13 +32,17 @@ def make_panels(
     cells: Mapping[tuple[str, str], CellCurves],
     band: BandSpec,
     styles: Mapping[str, MethodStyle],
+    series: Sequence[str] | None = None,
 ) -> list[Panel]:
-    """One panel per setting, with a note for every missing cell, running or mixed run."""
+    """One panel per setting, with a note for every missing cell, running or mixed run.
+
+    ``series``: the lines drawn, in order (default: the figure's methods; the diagnostics figure
+    adds its controls)."""
     panels = []
     for p in spec.panels:
         panel = Panel(p.title)
         missing, running = [], 0
-        for method in spec.methods:
+        for method in series or spec.methods:
             cell = cells.get((p.key, method))
             line = _line(method, cell, band) if cell else None
             if line is None:

@@ -1,9 +1,12 @@
 """Which MLflow runs feed a figure: listing a sweep's runs and sorting them into cells.
 
-Reads only through ``MlflowClient.search_runs``. A *cell* is one (panel, method) pair; its runs
-are the seeds. Runs are matched by tags (design contract), never by run name:
-``pdm.model`` + ``pdm.precision`` select the panel, ``pdm.method`` the line, ``pdm.seed`` pairs
-methods in the summary.
+Reads only through ``MlflowClient.search_runs``. A *cell* is one (panel, series) pair, the series
+being a method or a control (``FigureSpec.controls``); its runs are the seeds. Runs are matched by
+tags (design contract), never by run name: ``pdm.model`` + ``pdm.precision`` select the panel,
+``pdm.method`` the line, ``pdm.seed`` pairs methods in the summary. A run with embedded-backend
+knobs (``pdm.sim.*`` tags, e.g. an lr = 0 control or another task regime) joins a line only when
+the figure's or a control's tags ask for exactly those knobs: runs of different experiments never
+mix in one line.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ def select_runs(
     selection = Selection()
     panels = {(p.model, p.precision): p for p in spec.panels}
     methods = set(spec.methods)
+    figure_knobs = _knob_tags(spec.tags)
 
     def skip(reason: str) -> None:
         selection.ignored[reason] = selection.ignored.get(reason, 0) + 1
@@ -151,8 +155,8 @@ def select_runs(
             skip("other backend")
         elif any(run.tags.get(k) != v for k, v in spec.tags.items()):
             skip("tag filter")
-        elif run.method not in methods:
-            skip("method not in figure")
+        elif (series := _series(spec, run, figure_knobs)) is None:
+            skip("method not in figure" if run.method not in methods else OTHER_KNOBS)
         elif (run.tag("model"), run.tag("precision")) not in panels:
             skip("setting not in figure")
         else:
@@ -161,7 +165,7 @@ def select_runs(
                 skip("panel tag filter")
                 continue
             seed = run.seed or run.run_id  # untagged seeds never collapse into one
-            by_seed.setdefault((panel.key, run.method, seed), []).append(run)
+            by_seed.setdefault((panel.key, series, seed), []).append(run)
 
     clashes = []
     for (panel_key, method, seed), candidates in by_seed.items():
@@ -185,6 +189,29 @@ def select_runs(
     for runs_in_cell in selection.cells.values():
         runs_in_cell.sort(key=_seed_order)
     return selection
+
+
+KNOB_TAG_PREFIX = "pdm.sim."
+
+
+def _knob_tags(tags: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in tags.items() if k.startswith(KNOB_TAG_PREFIX)}
+
+
+OTHER_KNOBS = "embedded-backend knobs not in figure"
+
+
+def _series(spec: FigureSpec, run: RunRecord, figure_knobs: dict[str, str]) -> str | None:
+    """The line ``run`` belongs to: a control's key, its method, or None (not in the figure)."""
+    knobs = _knob_tags(run.tags)
+    for control in spec.controls:
+        wanted = {**figure_knobs, **_knob_tags(control.tags)}
+        tags_match = all(run.tags.get(k) == v for k, v in control.tags.items())
+        if run.method == control.method and knobs == wanted and tags_match:
+            return control.key
+    if run.method in spec.methods and knobs == figure_knobs:
+        return run.method
+    return None
 
 
 def _seed_order(run: RunRecord) -> tuple:

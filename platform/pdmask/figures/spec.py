@@ -3,7 +3,8 @@
 A spec says which MLflow runs feed a figure (sweep, delta, panels selected by the ``pdm.model`` and
 ``pdm.precision`` tags, methods), what is plotted (the evaluation metric pattern, smoothing, the
 band over seeds), the paired comparison for the summary table and the companion diagnostics
-figure. Files are read with ``yaml.safe_load`` (no Python tags) and validated with pydantic;
+figure. Files are read as sweeps are (``registry.yaml_source``: safe YAML, no Python tags,
+duplicate keys refused, every field's line kept) and validated with pydantic;
 every problem is reported at once, each naming the file, the field and, where known, the line.
 """
 
@@ -14,11 +15,11 @@ import re
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.paths import project_root
+from pdmask.registry.yaml_source import load_yaml, parse_yaml
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -143,6 +144,23 @@ class DiagnosticsSpec(_Strict):
     )
 
 
+class ControlSpec(_Strict):
+    """A control series of the diagnostics figure: runs of ``method`` carrying ``tags`` (e.g. the
+    embedded backend's lr = 0 mismatch control, tagged ``pdm.sim.lr``), drawn as their own line.
+    Control runs never enter the main figure, its summary or the method lines."""
+
+    key: str = Field(description="Id of the series in the CSV files (not a method name).")
+    label: str = Field(description="Legend text, e.g. 'lr = 0 control'.")
+    method: str = Field(description="The `pdm.method` tag of the control runs.")
+    tags: dict[str, str] = Field(
+        min_length=1,
+        description="Exact tag matches that make a run of `method` a control run, e.g. "
+        "{pdm.sim.lr: '0.0'}.",
+    )
+    color: str = Field("#444444", description="Line colour.")
+    linestyle: str = Field("dotted", description="Matplotlib line style.")
+
+
 class PairedSpec(_Strict):
     """The summary table's paired comparison: each method minus the baseline, seed by seed."""
 
@@ -205,6 +223,11 @@ class FigureSpec(_Strict):
     diagnostics: DiagnosticsSpec | None = Field(
         None, description="Companion diagnostics figure; omitted when absent."
     )
+    controls: list[ControlSpec] = Field(
+        default_factory=list,
+        description="Control series drawn in the diagnostics figure after the methods (e.g. the "
+        "lr = 0 mismatch control of each setting).",
+    )
     layout: LayoutSpec = Field(default_factory=LayoutSpec, description="Size and typography.")
 
 
@@ -242,39 +265,30 @@ def _cross_field_problems(spec: FigureSpec, file: str) -> list[Problem]:
                 problems.append(Problem(file, f"paired.methods.{j}", f"{method!r} not in methods"))
             if method == spec.paired.baseline:
                 problems.append(Problem(file, f"paired.methods.{j}", "is the baseline itself"))
+    control_keys: set[str] = set()
+    for i, control in enumerate(spec.controls):
+        if control.key in spec.methods or control.key in control_keys:
+            problems.append(
+                Problem(
+                    file, f"controls.{i}.key", "must differ from the methods and other controls"
+                )
+            )
+        control_keys.add(control.key)
+        if control.linestyle not in _LINESTYLES:
+            problems.append(
+                Problem(file, f"controls.{i}.linestyle", f"not one of {sorted(_LINESTYLES)}")
+            )
     if spec.delta is not None and not math.isfinite(spec.delta):
         problems.append(Problem(file, "delta", "must be a finite number"))
     return problems
 
 
-def _line_of(node: yaml.Node | None, loc: tuple) -> int | None:
-    """1-based line of the YAML node at ``loc`` (or of its deepest existing parent)."""
-    line = node.start_mark.line + 1 if node is not None else None
-    for part in loc:
-        if isinstance(node, yaml.MappingNode):
-            match = next((v for k, v in node.value if getattr(k, "value", None) == part), None)
-            if match is None:
-                match = next((k for k, _ in node.value if getattr(k, "value", None) == part), None)
-        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
-            match = node.value[part] if part < len(node.value) else None
-        else:
-            match = None
-        if match is None:
-            break
-        node = match
-        line = node.start_mark.line + 1
-    return line
-
-
 def parse_spec(text: str, file: str) -> FigureSpec:
     """Validate the YAML text of a spec; raise ``ValidationFailed`` listing every problem."""
-    try:
-        data = yaml.safe_load(text)
-        tree = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        line = mark.line + 1 if mark is not None else None
-        raise ValidationFailed([Problem(file, "(yaml)", str(err).splitlines()[0], line)]) from err
+    src, file_problems = parse_yaml(text, Path(file))
+    if src is None:
+        raise ValidationFailed(file_problems)
+    data = src.data
     if not isinstance(data, dict):
         raise ValidationFailed([Problem(file, "(top level)", "must be a mapping of fields")])
     data.setdefault("name", Path(file).stem)
@@ -286,17 +300,17 @@ def parse_spec(text: str, file: str) -> FigureSpec:
                 file,
                 ".".join(str(p) for p in e["loc"]) or "(top level)",
                 e["msg"],
-                _line_of(tree, tuple(e["loc"])),
+                src.line(tuple(e["loc"])),
             )
             for e in err.errors()
         ]
-        raise ValidationFailed(problems) from None
+        raise ValidationFailed([*file_problems, *problems]) from None
     problems = _cross_field_problems(spec, file)
-    if problems:
-        for k, p in enumerate(problems):
-            loc = tuple(int(s) if s.isdigit() else s for s in re.split(r"\.", p.field))
-            problems[k] = Problem(p.file, p.field, p.message, _line_of(tree, loc))
-        raise ValidationFailed(problems)
+    for k, p in enumerate(problems):
+        loc = tuple(int(s) if s.isdigit() else s for s in re.split(r"\.", p.field))
+        problems[k] = Problem(p.file, p.field, p.message, src.line(loc))
+    if file_problems or problems:
+        raise ValidationFailed([*file_problems, *problems])
     return spec
 
 
@@ -377,11 +391,11 @@ def sweep_fit_problems(
     except ValidationFailed as err:
         return list(err.problems)
     path = spec_path(name, directory)
-    tree = yaml.compose(path.read_text(encoding="utf-8"), Loader=yaml.SafeLoader)
+    src, _ = load_yaml(path)  # load_spec read it without problems
 
     def problem(field: str, message: str) -> Problem:
         loc = tuple(int(s) if s.isdigit() else s for s in field.split("."))
-        return Problem(str(path), field, message, _line_of(tree, loc))
+        return Problem(str(path), field, message, src.line(loc))
 
     problems = [
         problem(f"methods.{i}", f"{m!r} is not a recipe; known: {sorted(recipes)}")

@@ -12,6 +12,8 @@ from pdmask.paths import project_root
 from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
 from pdmask.registry.recipe_files import discover_recipes
 from pdmask.registry.recipes import Recipe
+from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
+from pdmask.registry.sim_knobs import resolve_knobs
 from pdmask.registry.sweeps import (
     DEFAULT_MAX_TRIALS,
     SIM_PROFILES,
@@ -220,6 +222,16 @@ class Registry:
                     f"{list(BACKEND_MU_SOURCES[backend])})",
                 )
             )
+        sim_axes = {
+            k.removeprefix(SIM_AXIS_PREFIX): (v, p)
+            for k, (v, p) in cell.items()
+            if k.startswith(SIM_AXIS_PREFIX)
+        }
+        if sim_axes and backend != "sim":
+            return None  # a cell of embedded-backend knobs: other backends leave it out
+        sim, knob_errors = resolve_knobs({k: v for k, (v, _) in sim_axes.items()})
+        for knob, err in knob_errors:
+            problems.append(src.problem(sim_axes.get(knob, (None, ("grid",)))[1], err))
         if method is None:
             return None
         recipe = self.recipes[method]
@@ -269,6 +281,7 @@ class Registry:
             profile=profile,
             steps=sweep.steps,
             mu_source=mu_source[0],
+            sim=sim,
         )
 
 

@@ -7,9 +7,10 @@ A sweep file (YAML) declares its axes as a grid. A grid node is one of:
 - ``{zip: {axis: [values], ...}}``: the i-th values of every axis together (equal lengths);
 - ``{union: [node, ...]}``: the cells of every node, one after the other.
 
-Axes: ``method``, ``model``, ``precision``, ``delta``, ``mu_source`` and ``params.<name>`` (a
-recipe parameter). ``seeds`` is an axis too (a list, or a count n for seeds 0..n-1), crossed with
-the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may instead declare a
+Axes: ``method``, ``model``, ``precision``, ``delta``, ``mu_source``, ``params.<name>`` (a
+recipe parameter) and ``sim.<knob>`` (an embedded-backend knob, ``registry/sim_knobs.py``; such
+cells run on the embedded backend only). ``seeds`` is an axis too (a list, or a count n for seeds
+0..n-1), crossed with the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may instead declare a
 ``search`` (Optuna through Ray Tune): a space and a budget, optimising a named metric.
 """
 
@@ -33,6 +34,7 @@ from pydantic import (
 )
 
 from pdmask.errors import Problem
+from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
 AXES = ("method", "model", "precision", "delta", "mu_source")
@@ -47,7 +49,8 @@ DEFAULT_MAX_TRIALS = 1000
 
 def is_axis(name: Any) -> bool:
     return isinstance(name, str) and (
-        name in AXES or (name.startswith("params.") and len(name) > len("params."))
+        name in AXES
+        or any(name.startswith(p) and len(name) > len(p) for p in ("params.", SIM_AXIS_PREFIX))
     )
 
 
@@ -327,7 +330,9 @@ def _axis_ok(axis: str, path: FieldPath, problems: list[Problem], src: YamlSourc
     if is_axis(axis):
         return True
     problems.append(
-        src.problem(path, f"unknown axis {axis!r}; known: {list(AXES)} or params.<name>")
+        src.problem(
+            path, f"unknown axis {axis!r}; known: {list(AXES)}, params.<name> or sim.<knob>"
+        )
     )
     return False
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdmask.registry.recipe_files import RecipeSource
+from pdmask.registry.sim_knobs import knob_tag
 
 if TYPE_CHECKING:
     from pdmask.registry.recipes import Recipe
@@ -63,10 +64,18 @@ class Trial(BaseModel):
         "rollout",
         description="Where mu's top-K comes from: the rollout engine, or the trainer's old-policy forward.",
     )
+    sim: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Embedded-backend knobs the cell sets (`sim.<knob>` axes, "
+        "pdmask.registry.sim_knobs.SimKnobs), canonical values, only those set.",
+    )
 
     def identity(self) -> dict[str, Any]:
         """The semantic content that defines the trial (what the hash covers)."""
-        return self.model_dump(mode="json", exclude=COSMETIC_FIELDS)
+        identity = self.model_dump(mode="json", exclude=COSMETIC_FIELDS)
+        if not identity["sim"]:  # a trial that sets no knob keeps the hash it had before knobs
+            del identity["sim"]
+        return identity
 
     @property
     def trial_hash(self) -> str:
@@ -109,9 +118,11 @@ class Trial(BaseModel):
             "pdm.recipe_hash": self.recipe_source.hash,
             "pdm.recipe_file": self.recipe_source.file,
             "pdm.config_hash": self.config_hash,
+            **{f"pdm.sim.{knob}": knob_tag(value) for knob, value in self.sim.items()},
         }
 
     def run_name(self) -> str:
         """Human-readable run name (display only: identity is the hash tag)."""
         delta = "" if self.delta is None else f"-d{self.delta:g}"
-        return f"{self.method}-{self.setting}{delta}-s{self.seed}"
+        knobs = "".join(f"-{knob}{knob_tag(value)}" for knob, value in sorted(self.sim.items()))
+        return f"{self.method}-{self.setting}{delta}{knobs}-s{self.seed}"

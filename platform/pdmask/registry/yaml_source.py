@@ -79,6 +79,11 @@ def load_yaml(path: Path) -> tuple[YamlSource | None, list[Problem]]:
                 line,
             )
         ]
+    return parse_yaml(text, path)
+
+
+def parse_yaml(text: str, path: Path) -> tuple[YamlSource | None, list[Problem]]:
+    """Parse YAML ``text`` read from ``path`` (named in problems), as ``load_yaml`` does."""
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()

@@ -6,8 +6,9 @@ per-step metrics; ``trial.json`` (the resolved config) as an artifact; status FI
 with ``pdm.failure_reason`` and the history of failures in ``pdm.failures``.
 """
 
+from pdmask.tracking.metric_names import sanitize_metric
 from pdmask.tracking.provenance import provenance_tags
-from pdmask.tracking.runs import TrialRun, runs_by_hash, sanitize_metric, summarize_status
+from pdmask.tracking.runs import TrialRun, runs_by_hash, summarize_status
 from pdmask.tracking.status import TrialStatusIndex
 from pdmask.tracking.store import ensure_experiment, open_client, resolve_tracking_uri
 

@@ -10,7 +10,6 @@ values, so the metric history has no duplicate or backward steps.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,15 +17,10 @@ from typing import Any, TypeVar
 
 from pdmask.errors import TrialFailed
 from pdmask.registry import Trial
+from pdmask.tracking.metric_names import sanitize_metric
 
 T = TypeVar("T")
 FAILURE_KIND_TAG = "pdm.failure_kind"
-_UNSAFE = re.compile(r"[^/\w.\- :]")
-
-
-def sanitize_metric(name: str) -> str:
-    """MLflow-safe metric key, exactly as verl's MLflow adapter writes it (`@` -> `_at_`)."""
-    return _UNSAFE.sub("_", re.sub(r"//+", "/", name.replace("@", "_at_")))
 
 
 def with_retry(fn: Callable[[], T], attempts: int = 8) -> T:

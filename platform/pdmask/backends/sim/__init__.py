@@ -1,8 +1,10 @@
 """``sim``: the embedded CPU training backend (real GRPO on a small transformer, no GPU needed).
 
 A small decoder-only transformer per model stand-in (``STAND_INS``) learns a verifiable synthetic
-task, two-digit addition whose digits each have ~100 interchangeable tokens (logits 1,025 wide, so
-the behaviour's top-20 view is a real truncation). A supervised warm start makes each stand-in's
+task, two-digit addition, in one of two token regimes (``task.TASKS``, the ``task`` knob): by
+default each digit has ~100 interchangeable tokens (logits 1,025 wide, the top-20 view holds
+about half the mass); ``llm-like`` has one token per digit and 4,081 rare filler tokens (logits
+4,096 wide, top-20 mass > 99 % with a long thin tail, like an LLM's). A supervised warm start makes each stand-in's
 base model (``prepare_base_model``: cached per stand-in, built once under a file lock; avg@16 about
 0.1-0.2). GRPO then trains it with the recipe's mask through the same math API the VeRL backend
 uses. A behaviour copy in bf16 or FP8 does the rollouts and exposes only its top-20 log-probs and
@@ -18,7 +20,11 @@ Contract (the sweep runner and the registry call this):
   ``checkpoint_every`` steps, at the end and when ``should_stop()`` turns true; a rerun resumes
   after the checkpoint's step (steps between the last checkpoint and a kill are reported again).
   Raises ``TrialFailed`` on a non-finite loss. Returns the last step's metrics plus
-  ``sim/base_acc_mean_at_16``, ``sim/steps_done``, ``sim/stopped``, ``sim/wall_s``.
+  ``sim/base_acc_mean_at_16``, ``sim/steps_done``, ``sim/stopped``, ``sim/wall_s``. Per step it
+  logs ``actor/entropy`` (verl's name and meaning), the trust-region diagnostics
+  ``actor/pdm/*``, the ratio quantiles ``actor/pdm/ratio_p01|p50|p99`` and the mismatch KL.
+- The knobs a sweep may set per cell (``sim.<knob>`` axes) are ``SimKnobs`` of the registry:
+  ``task`` and ``lr`` (``lr = 0`` is the mismatch control: nothing is learned).
 - ``build_analysis_setup(cfg, ...)`` gives the token-level analysis a trainer, behaviour copy,
   optimizer and a rollout batch with everything the math API needs.
 

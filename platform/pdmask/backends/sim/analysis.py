@@ -11,7 +11,8 @@ from a trial's checkpoint, optionally after a few stale updates so that ``pi`` h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,8 +28,8 @@ from pdmask.backends.sim.grpo import (
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
-from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
-from pdmask.trust_region import TokenStats, aggregate_loss, per_token_loss
+from pdmask.backends.sim.task import AdditionTask
+from pdmask.trust_region import TokenStats, aggregate_loss, compute_token_stats, per_token_loss
 
 
 @dataclass
@@ -42,6 +43,7 @@ class AnalysisSetup:
     optimizer: torch.optim.Optimizer
     batch: RolloutBatch  # collected with the full behaviour distribution kept
     step: int  # the trial step the state comes from (0 = base model)
+    _float64: TinyDecoder | None = field(default=None, repr=False)  # see kl_topk_float64
 
     @property
     def all_sequences(self) -> torch.Tensor:
@@ -68,6 +70,23 @@ class AnalysisSetup:
     def exact(self, logits: torch.Tensor, index: torch.Tensor | None = None) -> ExactReference:
         """Exact full-vocabulary KL and ``Ddot`` against the full behaviour distribution."""
         return exact_reference(logits, self.batch, self.all_sequences if index is None else index)
+
+    @torch.no_grad()
+    def kl_topk_float64(self, params: dict, index: torch.Tensor) -> torch.Tensor:
+        """``D_t`` of sequences ``index`` recomputed in float64 for trainer parameters ``params``
+        (a float64 copy of the trainer; the rollout's float32 log-probs are upcast exactly): the
+        reference that measures the float32 rounding of ``D_t`` and of its changes."""
+        if self._float64 is None:
+            self._float64 = copy.deepcopy(self.trainer).double()
+        self._float64.load_state_dict(params)
+        gen = self.batch.generation
+        return compute_token_stats(
+            trainer_logits(self._float64, self.batch, index),
+            gen.responses[index],
+            gen.mu_topk_ids[index],
+            gen.mu_topk_logprobs[index].double(),
+            gen.mu_logp[index].double(),
+        ).kl_topk
 
     def update(self, mask: torch.Tensor, index: torch.Tensor | None = None) -> float:
         """One real optimizer step with ``mask`` (True = zeroed) on sequences ``index``."""
@@ -113,7 +132,7 @@ def _build(cfg, workdir, stale_updates, batch_seed) -> AnalysisSetup:
     state.trainer.train()
     batch = state.rollout(generator)
     setup = AnalysisSetup(
-        cfg, DEFAULT_TASK, state.trainer, state.behaviour, state.optimizer, batch, state.step
+        cfg, cfg.task_spec, state.trainer, state.behaviour, state.optimizer, batch, state.step
     )
     for _ in range(stale_updates):
         perm = torch.randperm(batch.size, generator=generator)

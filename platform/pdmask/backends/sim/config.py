@@ -2,17 +2,21 @@
 
 The profile fixes the budget; any knob left ``None`` takes the profile's value (see
 :meth:`SimTrialConfig.resolved`), so a sweep can override one knob without restating the profile.
+The knobs a sweep may set per cell (``sim.<knob>`` axes: the task regime, the learning rate) are
+declared once, in the registry's :class:`~pdmask.registry.sim_knobs.SimKnobs`, which this config
+inherits.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInSpec
-from pdmask.backends.sim.task import DEFAULT_TASK
+from pdmask.backends.sim.task import TASKS, AdditionTask
 from pdmask.errors import Problem, ValidationFailed
+from pdmask.registry.sim_knobs import SimKnobs
 
 StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]  # = STAND_INS (a test checks)
 PrecisionName = Literal["bf16", "fp8-rollout", "fp8-e2e"]
@@ -27,8 +31,9 @@ LossAggMode = Literal[  # = pdmask.trust_region.AGG_MODES (a test checks)
 ]
 
 
-class SimTrialConfig(BaseModel):
-    """One trial of the embedded CPU backend: stand-in, precision setting, budget, seed."""
+class SimTrialConfig(SimKnobs):
+    """One trial of the embedded CPU backend: stand-in, precision setting, budget, seed; the task
+    regime and learning rate come from :class:`SimKnobs`."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -68,7 +73,6 @@ class SimTrialConfig(BaseModel):
     minibatches: int | None = Field(
         None, gt=0, description="Optimizer updates per rollout batch; None = the profile's."
     )
-    lr: float | None = Field(None, gt=0, description="AdamW learning rate; None = the profile's.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay of the RL phase.")
     grad_clip: float = Field(1.0, gt=0, description="Gradient-norm clipping threshold.")
     loss_agg_mode: LossAggMode = Field("token-mean", description="verl's loss aggregation mode.")
@@ -107,7 +111,7 @@ class SimTrialConfig(BaseModel):
                 f"prompts_per_step * group_size = {sequences} is not divisible by "
                 f"minibatches = {budget.minibatches}"
             )
-        pool = DEFAULT_TASK.eval_pool()[0].shape[0]
+        pool = self.task_spec.eval_pool()[0].shape[0]
         if budget.eval_problems > pool:
             raise ValueError(
                 f"eval_problems = {budget.eval_problems} exceeds the {pool} held-out problems"
@@ -117,6 +121,15 @@ class SimTrialConfig(BaseModel):
     @property
     def stand_in_spec(self) -> StandInSpec:
         return STAND_INS[self.stand_in]
+
+    @property
+    def task_spec(self) -> AdditionTask:
+        return TASKS[self.task]
+
+    @property
+    def learns(self) -> bool:
+        """False for the lr = 0 mismatch control: no update can move the parameters."""
+        return self.resolved().lr > 0
 
     def resolved(self) -> ProfileSpec:
         """The profile with this config's overrides applied."""

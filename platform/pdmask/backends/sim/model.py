@@ -9,6 +9,11 @@ Every dense layer inside the blocks is a :class:`QuantLinear`, whose attributes 
 trainer emulate FP8 kernels (see ``precision.py``). Embeddings and ``lm_head`` stay in high
 precision, as FP8 serving engines keep them.
 
+Every linear layer computes a bf16 product in float32 and rounds the result to bf16 once
+(:func:`linear`): the arithmetic of a bf16 GEMM (float32 accumulation, output rounded), as the
+CPU's own bf16 kernel does it, but ~17x faster on a CPU without native bf16 instructions, where
+that kernel is a slow reference loop (it dominated the behaviour copy's rollouts and evaluations).
+
 Generation uses a key/value cache (``forward(..., cache=...)``): all sequences of a batch share one
 length (fixed-length prompts, lockstep decoding), so the cache is a plain concatenation.
 """
@@ -22,26 +27,60 @@ from torch import nn
 from pdmask.backends.sim.fp8 import fake_quant_fp8
 
 
-class QuantLinear(nn.Linear):
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear``; a bf16 product is computed in float32 and rounded to bf16 once.
+
+    A bf16 GEMM accumulates in float32 and rounds its output (CPU oneDNN and GPU tensor cores
+    alike); without avx512_bf16/AMX the CPU's bf16 path is a slow reference loop. Only the
+    summation order differs, so the result differs from the native kernel's by at most one bf16
+    rounding step, on a few outputs in 1e4 (measured; tests/sim/test_model.py checks the bound).
+    """
+    if x.dtype != torch.bfloat16:
+        return F.linear(x, weight, bias)
+    out = F.linear(x.float(), weight.float(), None if bias is None else bias.float())
+    return out.to(torch.bfloat16)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose bf16 forward goes through :func:`linear` (same values, fast on CPU)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+class QuantLinear(Linear):
     """``nn.Linear`` with an optional FP8 (e4m3) fake-quantised forward.
 
     ``weight_fp8`` is ``None`` (weight used as is), ``"per-tensor"`` or ``"per-channel"`` (the
-    weight's scaling granularity, rounded on every forward). ``activation_fp8`` rounds the input
-    per token (FP8 kernels quantise both operands). Gradients pass straight through the rounding.
+    weight's scaling granularity). ``activation_fp8`` rounds the input per token (FP8 kernels
+    quantise both operands). Gradients pass straight through the rounding. The rounded weight is
+    cached until the weight changes (its version counter moves on every in-place update: an
+    optimizer step, ``load_state_dict``), so it is rounded once per update, not once per forward.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         super().__init__(in_features, out_features, bias=bias)
         self.weight_fp8: str | None = None
         self.activation_fp8 = False
+        self._rounded: tuple[tuple, torch.Tensor] | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def rounded_weight(self) -> torch.Tensor:
+        key = (self.weight._version, self.weight.data_ptr(), self.weight.dtype, self.weight_fp8)
+        if self._rounded is None or self._rounded[0] != key:
+            self._rounded = (key, fake_quant_fp8(self.weight.detach(), self.weight_fp8))
+        return self._rounded[1]
+
+    def quantise_input(self, x: torch.Tensor) -> torch.Tensor:
+        """The input as this layer's FP8 kernel sees it (per-token scaling: rows independent)."""
+        return _straight_through(x, fake_quant_fp8(x, "per-channel")) if self.activation_fp8 else x
+
+    def forward(self, x: torch.Tensor, *, input_quantised: bool = False) -> torch.Tensor:
         weight = self.weight
         if self.weight_fp8 is not None:
-            weight = _straight_through(weight, fake_quant_fp8(weight, self.weight_fp8))
-        if self.activation_fp8:
-            x = _straight_through(x, fake_quant_fp8(x, "per-channel"))
-        return F.linear(x, weight, self.bias)
+            weight = _straight_through(weight, self.rounded_weight())
+        if not input_quantised:
+            x = self.quantise_input(x)
+        return linear(x, weight, self.bias)
 
 
 def _straight_through(x: torch.Tensor, rounded: torch.Tensor) -> torch.Tensor:
@@ -82,8 +121,8 @@ class FeedForward(nn.Module):
         self.up = QuantLinear(d_model, d_ff)
         self.down = QuantLinear(d_ff, d_model)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.gelu(self.up(x)))
+    def forward(self, x: torch.Tensor, *, input_quantised: bool = False) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x, input_quantised=input_quantised)))
 
 
 class MixtureOfExperts(nn.Module):
@@ -91,11 +130,13 @@ class MixtureOfExperts(nn.Module):
 
     Tokens are dispatched: each expert runs only on the tokens routed to it, so the compute per
     token is that of ``experts_per_token`` MLPs (the "A3B" of 30B-A3B), whatever ``n_experts``.
+    Under FP8 the shared input is rounded once for all experts: the scaling is per token, so a
+    routed subset of the rounded rows equals the rounding of that subset.
     """
 
     def __init__(self, d_model: int, d_ff: int, n_experts: int, experts_per_token: int):
         super().__init__()
-        self.router = nn.Linear(d_model, n_experts, bias=False)
+        self.router = Linear(d_model, n_experts, bias=False)
         self.experts = nn.ModuleList(FeedForward(d_model, d_ff) for _ in range(n_experts))
         self.k = experts_per_token
 
@@ -103,11 +144,13 @@ class MixtureOfExperts(nn.Module):
         flat = x.reshape(-1, x.shape[-1])
         top_val, top_idx = self.router(flat).topk(self.k, dim=-1)
         gates = top_val.softmax(-1)
+        rounded = self.experts[0].up.quantise_input(flat)
         out = torch.zeros_like(flat)
         for e, expert in enumerate(self.experts):
             token, slot = (top_idx == e).nonzero(as_tuple=True)
             if token.numel():
-                out = out.index_add(0, token, expert(flat[token]) * gates[token, slot, None])
+                y = expert(rounded[token], input_quantised=True)
+                out = out.index_add(0, token, y * gates[token, slot, None])
         return out.view_as(x)
 
 
@@ -151,7 +194,7 @@ class TinyDecoder(nn.Module):
             Block(d_model, n_heads, d_ff, n_experts, experts_per_token) for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model)
-        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.lm_head = Linear(d_model, vocab_size, bias=False)
         self.apply(_init_weights)
 
     def forward(

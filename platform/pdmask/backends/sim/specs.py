@@ -4,9 +4,9 @@ The stand-ins grow like the paper's models (Qwen3-4B-Base < 8B-Base < 30B-A3B-Ba
 is a small mixture of experts (8 experts, 2 active per token) to mirror A3B. Each carries its own
 warm-start recipe, which makes its "base model" (see ``warmstart.py``).
 
-Profiles size a trial: ``smoke`` runs in seconds (tests), ``default`` keeps a trial under about
-50 s on one core so the default ``main-figure`` sweep (32 trials, 2 at a time on 2 cores) finishes
-within 15 minutes, ``full`` gives smoother curves. ``stress`` makes the trust region bind (more
+Profiles size a trial: ``smoke`` runs in seconds (tests), ``default`` keeps a trial short enough
+that the default ``main-figure`` sweep (60 trials: 16 cells and 4 lr = 0 controls, 3 seeds, 2 at a
+time on 2 cores) finishes within 15 minutes, ``full`` gives smoother curves. ``stress`` makes the trust region bind (more
 stale updates per rollout and larger steps; see its comment) for the ``stress-figure`` sweep.
 """
 

@@ -16,7 +16,6 @@ from pdmask.backends.sim.config import SimTrialConfig
 from pdmask.backends.sim.grpo import RolloutBatch, collect_rollout
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.precision import configure_trainer, make_behaviour, sync_behaviour
-from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.backends.sim.warmstart import load_base_model, prepare_base_model
 
 
@@ -33,11 +32,14 @@ class TrialState:
         self.cfg = cfg
         budget = cfg.resolved()
         base = prepare_base_model(
-            cfg.stand_in, cache_dir=cfg.cache_dir, quick=budget.base_model == "quick"
+            cfg.stand_in,
+            cache_dir=cfg.cache_dir,
+            quick=budget.base_model == "quick",
+            task=cfg.task_spec,
         )
         torch.manual_seed(cfg.seed)
         self.trainer: TinyDecoder = configure_trainer(
-            load_base_model(base, cfg.stand_in_spec), cfg.precision
+            load_base_model(base, cfg.stand_in_spec, cfg.task_spec), cfg.precision
         )
         self.behaviour = make_behaviour(self.trainer, cfg.precision)
         sync_behaviour(self.trainer, self.behaviour, cfg.precision, cfg.fp8_scaling)
@@ -53,7 +55,7 @@ class TrialState:
         budget = self.cfg.resolved()
         return collect_rollout(
             self.behaviour,
-            DEFAULT_TASK,
+            self.cfg.task_spec,
             prompts=budget.prompts_per_step,
             group_size=budget.group_size,
             generator=generator,

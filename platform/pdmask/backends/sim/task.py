@@ -1,16 +1,25 @@
-"""The verifiable synthetic task: multi-digit addition with many surface forms per digit.
+"""The verifiable synthetic task: two-digit addition, in two token regimes.
 
 Prompt ``<bos> a1 a2 + b1 b2 =`` (``n_digits`` = 2 by default; canonical digit tokens); the
 response is the ``n+1`` digits of ``a + b`` (least significant first, so carries flow in writing
 order), then ``<eos>``: a multi-token answer. The reward is rule-based: 1 when the response decodes
 to exactly that, else 0.
 
-Why many surface forms: a real tokenizer has many tokens for one meaning (``5``, `` 5``, ``five``),
-so an LLM's next-token distribution spreads over far more than 20 tokens. Here every digit has
-``synonyms_per_digit`` interchangeable tokens (token ``t`` means digit ``(t - first) % 10``) and the
-demonstrations pick them Zipf-distributed. The logits are >= 1,000 wide and the behaviour policy's
-top-20 view is a real truncation (top-20 mass well below 1), while the reward depends only on the
-digits.
+The regimes (``TASKS``) differ only in how the answer's tokens are spread over the vocabulary:
+
+- ``synonyms`` (the default): a real tokenizer has many tokens for one meaning (``5``, `` 5``,
+  ``five``), so every digit has ``synonyms_per_digit`` = 102 interchangeable tokens (token ``t``
+  means digit ``(t - first) % 10``), picked Zipf-distributed by the demonstrations. Logits are
+  1,025 wide and the behaviour's top-20 view holds about half the mass (tiny-4b base model, FP8
+  rollout: median 44 %, 10th percentile 40 %): the near-duplicate output embeddings spread every
+  update over ~100 tokens and make the tail term of ``Ddot`` large.
+- ``llm-like``: one token per digit and a vocabulary of 4,096 whose other 4,081 tokens are
+  *fillers*, meaningless tokens that demonstrations emit with probability ``filler_rate`` per
+  response position, Zipf-distributed over the fillers. The base model's next-token distribution
+  is then an LLM's shape: a few plausible tokens, the top 20 holding > 99 % of the mass (tiny-4b
+  base model, FP8 rollout: median 99.4 %, 1st percentile 98.8 %), and a long thin tail over
+  thousands of tokens (mean probability of rank 100: 1e-5, of rank 1,000: 7e-7), none a
+  near-duplicate of another. A filler in the answer makes it wrong.
 
 Held-out split: a problem ``(a, b)`` belongs to the evaluation pool when a fixed hash puts it there
 (about 1 in 61, some 160 problems for two digits); training never samples those problems.
@@ -34,10 +43,21 @@ class AdditionTask:
     n_digits: int = 2
     synonyms_per_digit: int = 102
     synonym_zipf: float = 1.0
+    filler_tokens: int = 0  # meaningless tokens after the digit tokens (the llm-like tail)
+    filler_rate: float = 0.0  # probability that a demonstrated response token is a filler
+    filler_zipf: float = 1.0  # Zipf exponent of the fillers' frequencies
+
+    @property
+    def digit_tokens(self) -> int:
+        return 10 * self.synonyms_per_digit
+
+    @property
+    def first_filler(self) -> int:
+        return FIRST_DIGIT_TOKEN + self.digit_tokens
 
     @property
     def vocab_size(self) -> int:
-        return FIRST_DIGIT_TOKEN + 10 * self.synonyms_per_digit
+        return self.first_filler + self.filler_tokens
 
     @property
     def prompt_len(self) -> int:
@@ -113,16 +133,19 @@ class AdditionTask:
         return self._digits(a + b, self.answer_digits).flip(-1)
 
     def synonym_probs(self) -> torch.Tensor:
-        ranks = torch.arange(1, self.synonyms_per_digit + 1, dtype=torch.float64)
-        weights = ranks.pow(-self.synonym_zipf)
-        return (weights / weights.sum()).float()
+        return _zipf(self.synonyms_per_digit, self.synonym_zipf)
+
+    def filler_probs(self) -> torch.Tensor:
+        return _zipf(self.filler_tokens, self.filler_zipf)
 
     def demonstrations(
         self, a: torch.Tensor, b: torch.Tensor, generator: torch.Generator, noise: float = 0.0
     ) -> torch.Tensor:
         """Warm-start responses, ``[n, response_len]``: Zipf-sampled surface forms, and each digit
         replaced by a uniformly random one with probability ``noise`` (imperfect data, so a model
-        that imitates it is right in its mode but often wrong when sampled)."""
+        that imitates it is right in its mode but often wrong when sampled). With fillers, every
+        response token (``<eos>`` included) is a Zipf-drawn filler with probability
+        ``filler_rate``: the rare, meaningless continuations that make an LLM's long tail."""
         digits = self.answer(a, b)
         noisy = torch.rand(digits.shape, generator=generator) < noise
         random_digits = torch.randint(0, 10, digits.shape, generator=generator)
@@ -131,17 +154,29 @@ class AdditionTask:
             self.synonym_probs(), digits.numel(), replacement=True, generator=generator
         ).view_as(digits)
         tokens = FIRST_DIGIT_TOKEN + ranks * 10 + digits
-        return torch.cat([tokens, torch.full((a.shape[0], 1), EOS)], dim=1)
+        tokens = torch.cat([tokens, torch.full((a.shape[0], 1), EOS)], dim=1)
+        if self.filler_tokens and self.filler_rate > 0:
+            is_filler = torch.rand(tokens.shape, generator=generator) < self.filler_rate
+            fillers = self.first_filler + torch.multinomial(
+                self.filler_probs(), tokens.numel(), replacement=True, generator=generator
+            ).view_as(tokens)
+            tokens = torch.where(is_filler, fillers, tokens)
+        return tokens
+
+    def is_digit(self, tokens: torch.Tensor) -> torch.Tensor:
+        return (tokens >= FIRST_DIGIT_TOKEN) & (tokens < self.first_filler)
 
     def token_class(self, tokens: torch.Tensor) -> torch.Tensor:
         """Meaning of tokens, synonyms pooled: the digit 0..9, or 10 for any other token."""
-        return torch.where(tokens >= FIRST_DIGIT_TOKEN, (tokens - FIRST_DIGIT_TOKEN) % 10, 10)
+        return torch.where(self.is_digit(tokens), (tokens - FIRST_DIGIT_TOKEN) % 10, 10)
 
     def likeliest_class(self, probs: torch.Tensor) -> torch.Tensor:
         """The most likely class (as :meth:`token_class`) of distributions ``probs [..., V]``."""
-        digits = probs[..., FIRST_DIGIT_TOKEN:].unflatten(-1, (self.synonyms_per_digit, 10))
+        digit_probs = probs[..., FIRST_DIGIT_TOKEN : self.first_filler]
+        digits = digit_probs.unflatten(-1, (self.synonyms_per_digit, 10)).sum(-2)
         other = probs[..., :FIRST_DIGIT_TOKEN].sum(-1, keepdim=True)
-        return torch.cat([digits.sum(-2), other], dim=-1).argmax(-1)
+        other = other + probs[..., self.first_filler :].sum(-1, keepdim=True)
+        return torch.cat([digits, other], dim=-1).argmax(-1)
 
     # ---- reward -------------------------------------------------------------------------------
     def score(self, a: torch.Tensor, b: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
@@ -150,12 +185,27 @@ class AdditionTask:
         if responses.shape[1] < width + 1:
             return torch.zeros(responses.shape[0])
         head = responses[:, :width]
-        is_digit = head >= FIRST_DIGIT_TOKEN
         digits = (head - FIRST_DIGIT_TOKEN) % 10
-        correct = is_digit.all(1) & (digits == self.answer(a, b)).all(1)
+        correct = self.is_digit(head).all(1) & (digits == self.answer(a, b)).all(1)
         correct &= responses[:, width] == EOS
         return correct.float()
 
 
-DEFAULT_TASK = AdditionTask()
-"""The task every stand-in is trained and evaluated on."""
+def _zipf(count: int, exponent: float) -> torch.Tensor:
+    ranks = torch.arange(1, count + 1, dtype=torch.float64)
+    weights = ranks.pow(-exponent)
+    return (weights / weights.sum()).float()
+
+
+TASKS: dict[str, AdditionTask] = {
+    "synonyms": AdditionTask(),
+    # 4,096 logits: a vocabulary 4x the synonyms regime's, of which 4,081 fillers. A filler rate
+    # of 1 % per position with a Zipf(1.1) spread puts the base model's median top-20 mass at
+    # 99.4 % (measured on tiny-4b) with a tail over every filler.
+    "llm-like": AdditionTask(
+        synonyms_per_digit=1, filler_tokens=4081, filler_rate=0.01, filler_zipf=1.1
+    ),
+}
+"""The task regimes (``SimTrialConfig.task``); see the module docstring."""
+DEFAULT_TASK = TASKS["synonyms"]
+"""The regime a trial uses unless its config names another."""

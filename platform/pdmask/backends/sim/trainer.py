@@ -9,7 +9,16 @@ the behaviour copy in the setting's precision.
 Metrics are the means over the step's minibatches, plus ``actor/pdm/mismatch_kl_*`` (first
 minibatch: precision mismatch only) and ``actor/pdm/stale_kl_topk`` (last minibatch: mismatch plus
 policy lag). ``actor/pdm/kl_full_mean`` and ``sign_match_*`` use the full behaviour distribution,
-which only a simulator has.
+which only a simulator has. ``actor/entropy`` has verl's name and meaning: the mean token entropy
+of the policy being trained, as it is before the step's updates, over response tokens, aggregated
+with ``loss_agg_mode`` (verl computes it in its old-log-prob pass over the whole batch; here it is
+measured on the first minibatch, a random quarter of the batch that the trainer meets at exactly
+those parameters). ``actor/pdm/ratio_p01|p50|p99`` are quantiles of ``r = pi / mu`` over every
+response token the step's loss saw (mismatch and policy lag together).
+
+With ``lr = 0`` (the mismatch control, ``SimKnobs.lr``) the parameters cannot move, so no backward
+pass or optimizer step is taken (and no ``actor/grad_norm`` is logged); everything else is
+measured exactly as in a trained trial.
 
 Every random draw of step ``s`` comes from generators seeded by ``(seed, s)``, so a trial resumed
 from a checkpoint continues exactly as if it had never stopped.
@@ -34,7 +43,6 @@ from pdmask.backends.sim.grpo import (
 from pdmask.backends.sim.precision import sync_behaviour
 from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
-from pdmask.backends.sim.task import DEFAULT_TASK
 from pdmask.errors import TrialFailed
 from pdmask.trust_region import Method, aggregate_loss, apply_method, diagnostics
 
@@ -47,21 +55,31 @@ def evaluate(state: TrialState, step: int) -> float:
     budget = state.cfg.resolved()
     return evaluate_avg_at_k(
         state.behaviour,
-        DEFAULT_TASK,
+        state.cfg.task_spec,
         problems=budget.eval_problems,
         samples=state.cfg.eval_samples,
         generator=step_generator(state.cfg.seed, step, "eval"),
     )
 
 
+RATIO_QUANTILES = {"p01": 0.01, "p50": 0.5, "p99": 0.99}
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``[..., V] -> [...]``: entropy of each position's distribution (nats), no gradient."""
+    logp = torch.log_softmax(logits.detach().float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 def _update(
     state: TrialState, batch: RolloutBatch, index: torch.Tensor, mask_fn: MaskFn, step: int
-):
-    """One minibatch update; returns its metrics."""
+) -> tuple[dict[str, float], torch.Tensor]:
+    """One minibatch update; returns its metrics and the ratios of its response tokens."""
     cfg = state.cfg
     valid = batch.valid[index]
     advantages = batch.token_advantages[index]
-    logits = trainer_logits(state.trainer, batch, index)
+    with torch.set_grad_enabled(cfg.learns):  # the lr = 0 control needs no autograd graph
+        logits = trainer_logits(state.trainer, batch, index)
     stats = token_stats(logits, batch, index)
     step_out = apply_method(
         mask_fn, stats, advantages, valid, backend="sim", precision=cfg.precision
@@ -70,13 +88,16 @@ def _update(
     loss = aggregate_loss(step_out.token_loss, valid, cfg.loss_agg_mode)
     if not torch.isfinite(loss.detach()):
         raise TrialFailed(f"non-finite policy loss ({loss.item()}) at step {step}")
-    state.optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(state.trainer.parameters(), cfg.grad_clip)
-    if torch.isfinite(grad_norm):  # as VeRL: a non-finite gradient skips the update
-        state.optimizer.step()
+    metrics: dict[str, float] = {}
+    if cfg.learns:
+        state.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(state.trainer.parameters(), cfg.grad_clip)
+        if torch.isfinite(grad_norm):  # as VeRL: a non-finite gradient skips the update
+            state.optimizer.step()
+        metrics["actor/grad_norm"] = float(grad_norm)
 
-    metrics = {
+    metrics |= {
         f"actor/pdm/{k}": v
         for k, v in diagnostics(stats, advantages, mask, valid, delta=cfg.delta).items()
     }
@@ -86,8 +107,9 @@ def _update(
         metrics[f"actor/pdm/sign_match_{name}"] = float(agree[valid].float().mean())
     metrics["actor/pdm/kl_full_mean"] = float(exact.kl[valid].mean())
     metrics["actor/pg_loss"] = float(loss.detach())
-    metrics["actor/grad_norm"] = float(grad_norm)
-    return metrics
+    entropy = aggregate_loss(token_entropy(logits), valid, cfg.loss_agg_mode)
+    metrics["actor/pdm/entropy_minibatch"] = float(entropy)
+    return metrics, stats.ratio.detach()[valid]
 
 
 def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
@@ -98,11 +120,17 @@ def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
     state.trainer.train()
     batch = state.rollout(generator)
     order = torch.randperm(batch.size, generator=generator)
-    per_update = [
+    updates = [
         _update(state, batch, index, mask_fn, step) for index in order.chunk(budget.minibatches)
     ]
+    per_update = [m for m, _ in updates]
     sync_behaviour(state.trainer, state.behaviour, cfg.precision, cfg.fp8_scaling)
     metrics = {k: sum(m[k] for m in per_update) / len(per_update) for k in per_update[0]}
+    # The first minibatch is scored at the parameters the step started from (verl's old policy).
+    metrics["actor/entropy"] = per_update[0]["actor/pdm/entropy_minibatch"]
+    ratios = torch.cat([r for _, r in updates]).double()
+    for name, q in RATIO_QUANTILES.items():
+        metrics[f"actor/pdm/ratio_{name}"] = float(torch.quantile(ratios, q))
     # The first minibatch meets the trainer exactly as it was synced: its divergence is the
     # precision mismatch alone. The last one adds the policy lag of the stale updates.
     metrics["actor/pdm/mismatch_kl_topk"] = per_update[0]["actor/pdm/kl_topk_mean"]

@@ -1,0 +1,57 @@
+"""Knobs of the embedded backend that a sweep may set per cell, as ``sim.<knob>`` axes.
+
+A ``sim`` trial is mostly fixed by its model's stand-in, its precision setting and the sweep's
+budget profile. These few knobs are experiment-design choices a sweep varies on the embedded
+backend: a control cell (``sim.lr: 0``) or a task regime (``sim.task: llm-like``). A cell that sets
+one is a cell of the embedded backend: other backends leave it out of their expansion.
+
+The knobs a cell sets enter the trial's identity (``Trial.sim``, canonical values, only the set
+ones) and its tags (``pdm.sim.<knob>``), so a control run is never mistaken for a trained one.
+``SimTrialConfig`` (the backend's config) inherits this model: it is the knobs' only declaration.
+Torch-free, as the whole registry.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+TaskName = Literal["synonyms", "llm-like"]  # = pdmask.backends.sim.task.TASKS (a test checks)
+AXIS_PREFIX = "sim."
+
+
+class SimKnobs(BaseModel):
+    """The embedded backend's sweep-reachable knobs (see the module docstring)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    task: TaskName = Field(
+        "synonyms",
+        description="Task regime (pdmask.backends.sim.task.TASKS): synonyms (102 tokens per "
+        "digit; the base models' top-20 view holds a median 44 % of the mass) or llm-like (one "
+        "token per digit and 4,081 rare filler tokens: a median 99.4 %, with a long thin tail, "
+        "like an LLM's). Each regime has its own base models.",
+    )
+    lr: float | None = Field(
+        None,
+        ge=0,
+        description="AdamW learning rate of the RL phase; None = the profile's. 0 is the mismatch "
+        "control: the policy never changes, so the trainer/behaviour gap it logs is the "
+        "precision mismatch alone (no backward pass or optimizer step is taken).",
+    )
+
+
+def resolve_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """Validated, canonical knobs (only those given) and (knob, message) for each problem."""
+    try:
+        knobs = SimKnobs.model_validate(values)
+    except ValidationError as err:
+        problems = [(str(e["loc"][0]) if e["loc"] else "sim", e["msg"]) for e in err.errors()]
+        return {}, problems
+    return knobs.model_dump(mode="json", include=set(values)), []
+
+
+def knob_tag(value: Any) -> str:
+    """A knob's value as the ``pdm.sim.<knob>`` tag holds it (floats as ``repr``: 0 -> 0.0)."""
+    return repr(float(value)) if isinstance(value, int | float) else str(value)
