@@ -15,7 +15,12 @@ errors fail fast and are never retried.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 
 class PdmError(Exception):
@@ -42,6 +47,28 @@ class Problem:
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
         return f"{where}: {self.field}: {self.message}"
+
+
+def validation_problems(
+    err: ValidationError,
+    file: str,
+    *,
+    line_of: Callable[[tuple[Any, ...]], int | None] | None = None,
+    field_of: Callable[[tuple[Any, ...]], str] | None = None,
+    whole: str = "(top level)",
+) -> list[Problem]:
+    """Every error of a pydantic ``ValidationError`` as a Problem naming ``file``: the field is
+    the error's dotted location (``field_of`` renames it, e.g. as a command-line flag; ``whole``
+    when it concerns the whole object), the line ``line_of(location)`` where a source is known."""
+    problems = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = field_of(loc) if field_of else ".".join(str(part) for part in loc) or whole
+        message = e["msg"].removeprefix(
+            "Value error, "
+        )  # pydantic's prefix for a raised ValueError
+        problems.append(Problem(file, field, message, line_of(loc) if line_of else None))
+    return problems
 
 
 class ValidationFailed(ConfigError):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pdmask.errors import ConfigError, Problem, ValidationFailed
+from pdmask.errors import ConfigError, ValidationFailed, validation_problems
 
 # Bump when the protocol or the recorded quantities change: cached seeds of older versions are
 # then ignored instead of being mixed into a new table.
@@ -125,14 +125,11 @@ class TokenAnalysisConfig(BaseModel):
         try:
             return cls.model_validate({k: v for k, v in values.items() if v is not None})
         except ValidationError as err:
-            problems = [
-                Problem(
-                    "command line",
-                    "--" + str(e["loc"][0]).replace("_", "-") if e["loc"] else "<flags>",
-                    e["msg"],
-                )
-                for e in err.errors()
-            ]
+            problems = validation_problems(
+                err,
+                "command line",
+                field_of=lambda loc: "--" + str(loc[0]).replace("_", "-") if loc else "<flags>",
+            )
             raise ValidationFailed(problems) from None
 
 

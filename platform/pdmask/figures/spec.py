@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pdmask.errors import ConfigError, Problem, ValidationFailed
+from pdmask.errors import ConfigError, Problem, ValidationFailed, validation_problems
 from pdmask.paths import project_root
 from pdmask.registry.yaml_source import load_yaml, parse_yaml
 
@@ -295,15 +295,7 @@ def parse_spec(text: str, file: str) -> FigureSpec:
     try:
         spec = FigureSpec.model_validate(data)
     except ValidationError as err:
-        problems = [
-            Problem(
-                file,
-                ".".join(str(p) for p in e["loc"]) or "(top level)",
-                e["msg"],
-                src.line(tuple(e["loc"])),
-            )
-            for e in err.errors()
-        ]
+        problems = validation_problems(err, file, line_of=src.line)
         raise ValidationFailed([*file_problems, *problems]) from None
     problems = _cross_field_problems(spec, file)
     for k, p in enumerate(problems):

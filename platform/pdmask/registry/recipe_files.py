@@ -29,7 +29,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pdmask.errors import Problem
+from pdmask.errors import Problem, validation_problems
 from pdmask.registry.recipes import COSMETIC_FIELDS, Recipe
 
 # Files in recipes/ that are not recipes and are left alone: hidden files, `_helpers.py`,
@@ -146,15 +146,7 @@ def load_recipe_file(path: Path) -> tuple[Recipe | None, list[Problem]]:
         return None, [Problem(label, "(module)", f"SyntaxError: {err.msg}", err.lineno)]
     except ValidationError as err:
         line = _line_in(err.__traceback__, label)
-        return None, [
-            Problem(
-                label,
-                ".".join(str(x) for x in e["loc"]) or "RECIPE",
-                e["msg"].removeprefix("Value error, "),
-                line,
-            )
-            for e in err.errors()
-        ]
+        return None, validation_problems(err, label, line_of=lambda _: line, whole="RECIPE")
     except Exception as err:  # a broken recipe must not hide the others' problems
         line = _line_in(err.__traceback__, label)
         field = "RECIPE" if isinstance(err, TypeError) and "RECIPE" in str(err) else "(module)"

@@ -33,7 +33,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdmask.errors import Problem
+from pdmask.errors import Problem, validation_problems
 from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
@@ -388,10 +388,7 @@ def load_sweep_file(path: Path) -> tuple[Sweep | None, YamlSource | None, list[P
     try:
         sweep = Sweep.model_validate(src.data)
     except ValidationError as err:
-        problems += [
-            src.problem(tuple(e["loc"]), e["msg"].removeprefix("Value error, "))
-            for e in err.errors()
-        ]
+        problems += validation_problems(err, str(path), line_of=src.line, whole="(file)")
         sweep = _salvage(src.data, err, path.stem)
     if sweep is not None and sweep.name != path.stem:
         problems.append(src.problem(("name",), f"must match the file name {path.stem!r}"))

@@ -15,7 +15,7 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 
 from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInSpec
 from pdmask.backends.sim.task import TASKS, AdditionTask
-from pdmask.errors import Problem, ValidationFailed
+from pdmask.errors import ValidationFailed, validation_problems
 from pdmask.registry.sim_knobs import SimKnobs
 
 StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]  # = STAND_INS (a test checks)
@@ -147,8 +147,4 @@ class SimTrialConfig(SimKnobs):
         try:
             return cls.model_validate(data)
         except ValidationError as err:
-            problems = [
-                Problem(file, ".".join(str(p) for p in e["loc"]) or "<root>", e["msg"])
-                for e in err.errors()
-            ]
-            raise ValidationFailed(problems) from None
+            raise ValidationFailed(validation_problems(err, file, whole="<root>")) from None
