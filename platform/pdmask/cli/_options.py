@@ -71,3 +71,14 @@ RayAddress = Annotated[
 Json = Annotated[
     bool, typer.Option("--json", help="Machine-readable output.", rich_help_panel=OUTPUT)
 ]
+
+
+def out_dir(default: str) -> typer.models.OptionInfo:
+    """``--out DIR``: the folder a command writes into; ``default`` says where it goes without.
+    Use as ``out: Annotated[Path | None, out_dir("<state>/data")] = None``."""
+    return typer.Option(
+        metavar="DIR",
+        file_okay=False,
+        help=f"Output folder. Default: {default}.",
+        rich_help_panel=OUTPUT,
+    )

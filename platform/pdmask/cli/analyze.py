@@ -18,7 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from pdmask.cli import _choices
-from pdmask.cli._options import OUTPUT, RESULTS, StateDir, TrackingUri
+from pdmask.cli._options import OUTPUT, RESULTS, StateDir, TrackingUri, out_dir
 
 COMMAND = "analyze"
 SETTING = "Training setting"
@@ -89,15 +89,7 @@ def tokens(
     split: Annotated[_config_type("split") | None, _flag("split", rich_help_panel=STEP)] = None,
     sgd_lr: Annotated[float | None, _flag("sgd_lr", rich_help_panel=STEP)] = None,
     isolated_tokens: Annotated[int | None, _flag("isolated_tokens", rich_help_panel=STEP)] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="DIR",
-            file_okay=False,
-            help="Output folder. Default: <state>/analysis/tokens/<config hash>.",
-            rich_help_panel=OUTPUT,
-        ),
-    ] = None,
+    out: Annotated[Path | None, out_dir("<state>/analysis/tokens/<config hash>")] = None,
     jobs: Annotated[int, typer.Option(min=1, help="Worker processes.")] = min(
         2, os.cpu_count() or 1
     ),

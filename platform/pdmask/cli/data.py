@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from pdmask.cli._options import DATA, OUTPUT, StateDir
+from pdmask.cli._options import DATA, StateDir, out_dir
 
 COMMAND = "data"
 
@@ -54,15 +54,7 @@ def prepare(
     aime25: Annotated[
         list[Path] | None, _paths("AIME 2025 file or folder (validation, data_source=aime25)")
     ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="DIR",
-            file_okay=False,
-            help="Output folder. Default: <state dir>/data.",
-            rich_help_panel=OUTPUT,
-        ),
-    ] = None,
+    out: Annotated[Path | None, out_dir("<state dir>/data")] = None,
     decontaminate: Annotated[
         bool,
         typer.Option(

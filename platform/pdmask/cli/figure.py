@@ -15,7 +15,7 @@ from typing import Annotated
 import typer
 
 from pdmask.cli import _choices
-from pdmask.cli._options import OUTPUT, RESULTS, StateDir, TrackingUri
+from pdmask.cli._options import OUTPUT, RESULTS, StateDir, TrackingUri, out_dir
 
 COMMAND = "figure"
 
@@ -40,15 +40,7 @@ def figure(
             autocompletion=_choices.complete_sweep,
         ),
     ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            metavar="DIR",
-            file_okay=False,
-            help="Output folder. Default: <state>/figures/<sweep>/<name>.",
-            rich_help_panel=OUTPUT,
-        ),
-    ] = None,
+    out: Annotated[Path | None, out_dir("<state>/figures/<sweep>/<name>")] = None,
     no_cache: Annotated[
         bool, typer.Option("--no-cache", help="Re-read every metric history from MLflow.")
     ] = False,

@@ -17,33 +17,20 @@ PACKAGES = ("pdmask", "torch", "ray", "mlflow", "verl", "vllm", "transformers")
 REGISTRY_FOLDERS = ("recipes", "sweeps", "dashboards")  # untracked files here make the tree dirty
 
 
+def _git(root: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=10
+    ).stdout.strip()
+
+
 def git_state(root: Path) -> tuple[str, bool]:
     """(commit sha or "unknown", dirty flag) of the project checkout."""
     try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        tracked = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
-        untracked = subprocess.run(
-            ["git", "ls-files", "--others", "--exclude-standard", "--", *REGISTRY_FOLDERS],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=10,
-        ).stdout.strip()
+        sha = _git(root, "rev-parse", "HEAD")
+        tracked = _git(root, "status", "--porcelain", "--untracked-files=no")
+        untracked = _git(
+            root, "ls-files", "--others", "--exclude-standard", "--", *REGISTRY_FOLDERS
+        )
         return sha, bool(tracked or untracked)
     except (OSError, subprocess.SubprocessError):
         return "unknown", False
