@@ -21,6 +21,7 @@ SMALL = {
     "train_steps": 1,
     "prompts": 6,
     "minibatches": 2,
+    "analysed_minibatches": 1,
     "isolated_tokens": 4,
     "delta": 0.02,
 }
