@@ -55,7 +55,7 @@ def test_every_dashboard_of_a_sweep_is_checked_before_launch(project):
         err = out.stderr
         assert "malformed.yaml:9: colour:" in err, err
         assert "no-metric.yaml:8: metric.pattern:" in err and "matches none" in err, err
-        assert "no-trials.yaml:6: panels: selects none of the sweep's 2 trials" in err, err
+        assert "no-trials.yaml:5: panels: selects none of the sweep's 2 trials" in err, err
     assert not (project / ".pdm" / "ray_results").exists()
     assert not (project / ".pdm" / "trials").exists()
 
