@@ -71,7 +71,7 @@ class TokenAnalysisConfig(BaseModel):
         "of a 1024-prompt rollout resemble the paper's VeRL steps (large batch, many minibatches).",
     )
     analysed_minibatches: int = Field(
-        2,  # the last two: ~120 disagreeing tokens per seed on the stress setting, the paper's order
+        2,  # the last two: ~200 disagreeing tokens per seed on the stress setting (one: ~63)
         gt=0,
         description="How many of the rollout's last minibatches are analysed, each from its own "
         "saved state (the parameters and optimizer state training reaches just before that "
