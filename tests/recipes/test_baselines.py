@@ -181,7 +181,7 @@ def test_sim_update_equals_the_reference(name, params, sim_state):
     with single_threaded():
         state = TrialState(cfg)
         hook = state.trainer.lm_head.register_forward_hook(keep_logits)
-        metrics = _update(state, batch, index, recipe_method(name, **params), step=1)
+        metrics, _ = _update(state, batch, index, recipe_method(name, **params), step=1)
         hook.remove()
     (logits,) = captured
     valid = batch.valid[index]
