@@ -179,11 +179,12 @@ def _run_on(
         return 1
     _summary(console, sweep, jobs, done, uri)
     failed = [j for j in todo if j.state != "finished"]
+    figures_failed = 0
     if not failed and sweep.figures and options.figures:
         from pdmask.orchestration.runner import _build_figures
 
-        _build_figures(console, reg, sweep, uri)
-    return 1 if failed else 0
+        figures_failed = _build_figures(console, reg, sweep, uri, trials)
+    return 1 if failed or figures_failed else 0
 
 
 @dataclass
