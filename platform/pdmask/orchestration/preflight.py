@@ -82,13 +82,19 @@ def validate_sweeps(
     all of them together."""
     from pdmask.registry.recipe_check import check_recipes
 
-    problems = [*reg.problems, *check_recipes(reg.recipes)]
+    problems = list(reg.problems)
     counts: dict[str, int] = {}
+    trials: list[Trial] = []  # of every sweep: each distinct recipe and parameters checked once
     for name in names or sorted({*reg.sweeps, *reg.broken_sweeps}):
         try:
-            counts[name] = len(checked_trials(reg, name, max_trials=max_trials))
+            expanded = reg.expand(name, max_trials=max_trials)
         except ValidationFailed as err:
             problems += [p for p in err.problems if p not in problems]
+            continue
+        problems += [p for p in dashboard_problems(reg, name, expanded) if p not in problems]
+        counts[name] = len(expanded)
+        trials += expanded
+    problems += [p for p in check_recipes(reg.recipes, trials) if p not in problems]
     if problems:
         raise ValidationFailed(problems)
     return counts
