@@ -1,8 +1,9 @@
 """The processes of one test's sweep and the sockets they listen on, read from /proc.
 
 A sweep's processes are found two ways, so neither re-parenting nor a short-lived child hides
-one: the descendants of the driver, and every process whose environment names the test's
-scratch project (``PDM_PROJECT``, inherited by Ray's processes and set in its workers'
+one: the descendants of the driver, recorded while it runs (``Watch``: Ray's agents rename
+themselves, which blanks their environment in /proc), and every process whose environment names
+the test's scratch project (``PDM_PROJECT``, inherited by Ray's processes and set in its workers'
 runtime env). Only those are listed: other Ray instances on the machine are not ours.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -127,14 +129,53 @@ def listeners(pids: set[int]) -> list[Listener]:
     return sorted(set(found), key=lambda s: (s.pid, s.port))
 
 
-def survivors(project: Path, wait: float = 20.0) -> list[str]:
-    """Processes of the project still alive after up to ``wait`` seconds (the reaper gives Ray's
-    processes a few seconds to end on SIGTERM), each with its command line."""
+def _start_time(pid: int) -> int | None:
+    try:
+        return int((PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError):
+        return None
+
+
+class Watch:
+    """Records every descendant of ``root`` (pid and start time) until stopped: a process that
+    outlives the root loses its ancestry, not its place here."""
+
+    def __init__(self, root: int, every: float = 0.1) -> None:
+        self.root, self.every = root, every
+        self.seen: dict[int, int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.look()
+            self._stop.wait(self.every)
+
+    def look(self) -> None:
+        for pid in descendants(self.root) | self.alive():
+            start = _start_time(pid)
+            if pid != self.root and start is not None:
+                self.seen.setdefault(pid, start)
+
+    def alive(self) -> set[int]:
+        return {pid for pid, start in list(self.seen.items()) if _start_time(pid) == start}
+
+    def stop(self) -> Watch:
+        self._stop.set()
+        self._thread.join()
+        self.look()
+        return self
+
+
+def survivors(project: Path, watch: Watch | None = None, wait: float = 20.0) -> list[str]:
+    """Processes of the project (or seen by ``watch``) still alive after up to ``wait`` seconds
+    (the reaper gives Ray's processes a few seconds to end on SIGTERM), with their commands."""
     import time
 
     deadline = time.monotonic() + wait
     while True:
-        alive = of_project(project)
+        alive = of_project(project) | (watch.alive() if watch else set())
         if not alive or time.monotonic() > deadline:
             return [f"{p}: {command(p)}" for p in sorted(alive)]
         time.sleep(0.5)

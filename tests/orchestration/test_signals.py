@@ -41,6 +41,7 @@ def test_a_signal_leaves_no_process_and_the_sweep_resumes(project, case):
     sig, target, moment, expected = CASES[case]
     write_sweep(project, "two", TWO_TRIALS)
     proc = pdm_background(project, "sweep", "two", start_new_session=True)
+    watch = procs.Watch(proc.pid)
     if moment == "ray":
         _wait_for(lambda: _ray_started(project, proc), proc)
     else:
@@ -50,9 +51,10 @@ def test_a_signal_leaves_no_process_and_the_sweep_resumes(project, case):
     else:
         proc.send_signal(sig)
     out, _ = proc.communicate(timeout=240)
+    watch.stop()
     assert proc.returncode == expected, out
     assert "Traceback" not in out and "SIGSEGV" not in out, out
-    assert not procs.survivors(project), "processes outlived the sweep"  # agents included
+    assert not procs.survivors(project, watch), "processes outlived the sweep"  # agents included
     runs = sweep_runs(project, "two")
     if sig != signal.SIGKILL:  # a killed driver cannot mark its runs; the next run does
         assert all(r.info.status in ("FINISHED", "KILLED") for r in runs), out

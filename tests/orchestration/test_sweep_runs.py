@@ -56,8 +56,10 @@ def _listeners_while_running(project, proc) -> list:
 
 def test_smoke_sweep_trains_and_listens_only_on_loopback_then_ui(project):
     proc = pdm_background(project, "sweep", "smoke")
+    watch = procs.Watch(proc.pid)
     listening = _listeners_while_running(project, proc)
     out, _ = proc.communicate(timeout=300)
+    watch.stop()
     assert proc.returncode == 0, out
     # GCS, raylet, workers, dashboard and runtime-env agents: all on loopback, none reachable
     # from another host (before: 11-15 on `*`, 0.0.0.0 or the host's address).
@@ -65,7 +67,7 @@ def test_smoke_sweep_trains_and_listens_only_on_loopback_then_ui(project):
     assert len(listening) >= 6 and "gcs_server" in commands and "raylet" in commands, listening
     exposed = [s for s in listening if not s.loopback_only]
     assert not exposed, exposed
-    assert not procs.survivors(project), "processes outlived the sweep"
+    assert not procs.survivors(project, watch), "processes outlived the sweep"
 
     finished_exactly_once(project, "smoke")
     from mlflow.tracking import MlflowClient

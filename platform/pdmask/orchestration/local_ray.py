@@ -13,7 +13,7 @@ The embedded instance is private to the sweep that starts it:
   different exit code in every timing). They are started with SIGINT blocked (the signal mask
   is inherited), so only the driver hears it and stops them in order.
 - **Reaped with the driver.** A reaper process (``reaper.py``) kills every process of the
-  instance when the driver exits for any reason, SIGKILL included.
+  instance, Ray's renamed agents included, when the driver exits for any reason, SIGKILL included.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         return False
-    from pdmask.orchestration.reaper import reap, start_reaper
+    from pdmask.orchestration.reaper import reap_own, start_reaper
 
     token = start_reaper()
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
@@ -63,7 +63,7 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
                 if attempt == START_ATTEMPTS or "timed out during startup" not in str(err):
                     raise
                 print(f"Ray did not start in time ({err}); trying again", file=sys.stderr)
-                reap(token, grace=2.0)  # what the failed attempt left running
+                reap_own(token, grace=2.0)  # what the failed attempt left running
     finally:
         # A Ctrl-C pressed meanwhile was held back, not lost: it is delivered now.
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
