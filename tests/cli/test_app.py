@@ -11,7 +11,7 @@ import pytest
 
 from pdmask import __version__
 from pdmask.cli import command_apps
-from pdmask.registry import BACKEND_SUPPLIES, CLUSTERS, load_registry
+from pdmask.registry import BACKENDS, CLUSTERS, load_registry
 from pdmask.registry.sweeps import SIM_PROFILES
 
 from .conftest import ROOT, pdm
@@ -65,7 +65,7 @@ def test_shared_options_show_their_environment_variables():
 
 def test_choices_are_the_registrys():
     text = pdm("sweep", "--help", env=WIDE).stdout
-    assert f"<{'|'.join(sorted(BACKEND_SUPPLIES))}>" in text
+    assert f"<{'|'.join(sorted(BACKENDS))}>" in text
     assert f"<{'|'.join(SIM_PROFILES)}>" in text
     assert f"<{'|'.join(sorted(CLUSTERS))}>" in text
     assert f"<{'|'.join(SIM_PROFILES)}>" in pdm("analyze", "tokens", "--help", env=WIDE).stdout
@@ -160,7 +160,7 @@ def test_names_complete_from_the_registry():
         n for n in reg.recipes if n.startswith("pdm-")
     )
     assert _complete("pdm figure fig") == sorted(n for n in reg.dashboards if n.startswith("fig"))
-    assert _complete("pdm sweep smoke --backend ") == sorted(BACKEND_SUPPLIES)
+    assert _complete("pdm sweep smoke --backend ") == sorted(BACKENDS)
     assert "sweep" in _complete("pdm sw") and "sweeps" in _complete("pdm sw")
 
 

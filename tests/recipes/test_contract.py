@@ -90,7 +90,7 @@ def test_roles_are_declared_once_and_typed(project):
 
 def test_backends_ask_the_recipe_for_its_roles(project):
     """A recipe naming its parameters its own way: the roles, not the names, reach the backends."""
-    from pdmask.backends.dispatch import sim_config
+    from pdmask.backends.sim.backend import sim_config
 
     write(
         project,

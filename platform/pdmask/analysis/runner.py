@@ -139,7 +139,7 @@ def _prepare_base_model(setting: TrainingSetting, progress: Progress) -> dict[st
 
     Opening the seed-0 trial state builds it exactly as the trainer does (cached, locked).
     """
-    from pdmask.backends.dispatch import sim_config
+    from pdmask.backends.sim.backend import sim_config
     from pdmask.backends.sim.trainer import TrialState
 
     sim_cfg = sim_config(setting.trial(0))

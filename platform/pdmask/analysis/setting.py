@@ -13,6 +13,7 @@ from typing import Any
 
 from pdmask.analysis.config import TokenAnalysisConfig
 from pdmask.errors import ConfigError
+from pdmask.registry.backends import SIM
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ def resolve_setting(cfg: TokenAnalysisConfig) -> TrainingSetting:
     """Expand ``cfg.sweep`` on the embedded backend; it must describe one training setting."""
     from pdmask.registry import load_registry
 
-    trials = load_registry().expand(cfg.sweep, backend="sim", profile=cfg.profile)
+    trials = load_registry().expand(cfg.sweep, backend=SIM.name, profile=cfg.profile)
     cells = {
         tuple(sorted((k, repr(v)) for k, v in t.identity().items() if k != "seed")) for t in trials
     }

@@ -20,6 +20,7 @@ import torch
 from pdmask.analysis.config import TokenAnalysisConfig
 from pdmask.analysis.setting import TrainingSetting
 from pdmask.errors import ConfigError
+from pdmask.registry.backends import SIM
 
 
 @dataclass
@@ -57,8 +58,8 @@ def analysed_minibatches(
     """The last ``cfg.analysed_minibatches`` minibatches of the seed's analysed rollout, each at the
     state just before its update (see the module docstring). The caller must leave the trainer and
     optimizer as it found them before asking for the next one."""
-    from pdmask.backends.dispatch import sim_config
     from pdmask.backends.sim import AnalysisSetup
+    from pdmask.backends.sim.backend import sim_config
     from pdmask.backends.sim.grpo import collect_rollout
     from pdmask.backends.sim.trainer import TrialState, rl_step, step_generator
     from pdmask.trust_region import apply_method
@@ -108,7 +109,7 @@ def analysed_minibatches(
         with torch.no_grad():
             stats = setup.stats(setup.logits(index), index)
         out = apply_method(
-            mask_fn, stats, setup.advantages[index], setup.valid[index], backend="sim"
+            mask_fn, stats, setup.advantages[index], setup.valid[index], backend=SIM.name
         )
         guarded_update(setup, out.mask, index)
 

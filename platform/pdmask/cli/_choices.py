@@ -17,9 +17,9 @@ from typing import Literal
 
 
 def _backends() -> list[str]:
-    from pdmask.registry import BACKEND_SUPPLIES
+    from pdmask.registry.backends import BACKENDS
 
-    return sorted(BACKEND_SUPPLIES)
+    return sorted(BACKENDS)
 
 
 def _profiles() -> list[str]:

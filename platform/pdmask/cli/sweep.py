@@ -113,12 +113,14 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     cluster = options.cluster or sweep.cluster
     status_of = _status_lookup(options.tracking_uri, sweep.name)
     rows = plan_rows(trials, cluster, status_of)
-    if (options.backend or sweep.backend) == "verl":
-        from pdmask.backends.verl.jobs import job_specs  # the cluster job builder
+    from pdmask.backends.interface import SubmitsJobs, load_backend
 
-        specs = job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri)
-    else:
-        specs = None
+    backend = load_backend(options.backend or sweep.backend)
+    specs = None
+    if isinstance(backend, SubmitsJobs):  # the cluster job each trial would be submitted as
+        specs = backend.job_specs(
+            reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri
+        )
     if as_json:
         data = {"sweep": sweep.name, "cluster": cluster, "trials": [r.model_dump() for r in rows]}
         for t, row in zip(trials, data["trials"], strict=True):

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pdmask.registry.backends import SIM
+
 EVAL = "val-core/{}/acc/mean_at_16"
 SETTINGS = {  # panel key -> (model tag, precision tag)
     "4b-bf16": ("qwen3-4b-base", "bf16"),
@@ -43,7 +45,13 @@ class SyntheticRun:
 
 
 def trial_tags(
-    method: str, setting: str, seed: int, *, sweep: str, delta: float | None, backend: str = "sim"
+    method: str,
+    setting: str,
+    seed: int,
+    *,
+    sweep: str,
+    delta: float | None,
+    backend: str = SIM.name,
 ) -> dict[str, str]:
     """The tags the sweep runner puts on a trial's run (design contract)."""
     model, precision = SETTINGS[setting]

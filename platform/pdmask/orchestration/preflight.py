@@ -14,19 +14,25 @@ from __future__ import annotations
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.registry import Registry, Trial
 
-# The evaluation metric each backend logs, as MLflow stores it (the design's contract:
-# `val-core/<dataset>/acc/mean@16`, with `@` sanitised). The embedded backend's one is
-# pdmask.backends.sim.EVAL_METRIC (kept here too so a check needs no torch; a test compares).
-SIM_EVAL_METRIC = "val-core/synth/acc/mean_at_16"
-
 
 def eval_metrics(backend: str, cluster: str) -> list[str]:
-    """The evaluation metrics ``backend`` logs on ``cluster``, as stored in MLflow."""
-    if backend == "verl":
-        from pdmask.backends.verl.jobs import eval_metrics as verl_eval_metrics
+    """The evaluation metrics ``backend`` logs on ``cluster``, as stored in MLflow (the design's
+    contract: `val-core/<dataset>/acc/mean@16`, with `@` sanitised)."""
+    from pdmask.backends.interface import load_backend
 
-        return verl_eval_metrics(cluster)
-    return [SIM_EVAL_METRIC]
+    return load_backend(backend).eval_metrics(cluster)
+
+
+def backend_problems(reg: Registry, name: str, trials: list[Trial]) -> list[Problem]:
+    """What the trials' backend refuses in them (its ``check``), one problem per trial."""
+    from pdmask.backends.interface import load_backend
+
+    file = str(reg.sweep_sources[name].path) if name in reg.sweep_sources else name
+    problems = []
+    for trial in trials:
+        for message in load_backend(trial.backend).check(trial):
+            problems.append(Problem(file, f"trial {trial.run_name()}", message))
+    return problems
 
 
 def dashboard_problems(
@@ -68,6 +74,7 @@ def checked_trials(
         name, backend=backend, profile=profile, cluster=cluster, max_trials=max_trials
     )
     problems = check_recipes(reg.recipes, trials, defaults=False)
+    problems += backend_problems(reg, name, trials)
     problems += dashboard_problems(reg, name, trials, cluster)
     if problems:
         raise ValidationFailed(problems)
@@ -91,6 +98,7 @@ def validate_sweeps(
         except ValidationFailed as err:
             problems += [p for p in err.problems if p not in problems]
             continue
+        problems += [p for p in backend_problems(reg, name, expanded) if p not in problems]
         problems += [p for p in dashboard_problems(reg, name, expanded) if p not in problems]
         counts[name] = len(expanded)
         trials += expanded

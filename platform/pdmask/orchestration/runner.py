@@ -36,8 +36,6 @@ from pdmask.tracking import (
 from pdmask.tracking.runs import FAILURE_KIND_TAG
 from pdmask.tracking.store import redact
 
-EVAL_METRIC = "val-core/synth/acc/mean_at_16"
-
 
 @dataclass
 class SweepOutcome:
@@ -55,9 +53,11 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
     a figure could not be drawn, 2 when a trial's configuration was refused, 130 when interrupted
     (rerunning resumes). Callers: ``pdmask.api``, after ``preflight.checked_trials``."""
     from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
+    from pdmask.registry.backends import Launch, backend_spec
 
     console = Console(highlight=False)
-    if trials and trials[0].backend == "verl":  # VeRL trials are Ray Jobs on a GPU cluster
+    backend = backend_spec(trials[0].backend if trials else options.backend or sweep.backend)
+    if backend.launch is Launch.RAY_JOBS:  # each trial a Ray Job on a cluster
         from pdmask.orchestration.ray_jobs import run_job_sweep
 
         uri = resolve_tracking_uri(options.tracking_uri)
@@ -122,6 +122,7 @@ def execute(
     ``interrupts``: stop requests (SIGINT, SIGTERM) that end the sweep early, resumable."""
     from ray import tune
 
+    from pdmask.backends.interface import load_backend
     from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
     from pdmask.orchestration.local_ray import connect
     from pdmask.orchestration.progress import SweepProgress
@@ -150,11 +151,15 @@ def execute(
     interrupts.install()  # Ray's driver took SIGTERM over
     # The tracking URI reaches the trials through their environment only: Tune writes its
     # config to disk and a URI may hold a password.
+    backend = load_backend(todo[0].backend)  # one backend per sweep (Registry.expand)
     static = {
         "experiment_id": experiment_id,
         "tags": tags,
         "project_root": str(root),
-        "eval_metric": EVAL_METRIC,
+        # The spec travels with the trials: a backend registered in this process only is
+        # still found in the workers.
+        "backend": backend.spec,
+        "eval_metric": backend.eval_metrics(sweep.cluster)[0],
         "calibration_seconds": calibration_seconds,
     }
     names = {t.trial_hash: t.run_name() for t in todo}

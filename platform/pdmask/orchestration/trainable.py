@@ -89,12 +89,15 @@ def _train(
     the final report."""
     from ray import tune
 
-    from pdmask.backends.dispatch import planned_steps, run_backend
+    from pdmask.backends.interface import load_backend
     from pdmask.orchestration.calibration import STEPS as CALIBRATION_STEPS
     from pdmask.orchestration.workdirs import bind_workdir
 
+    runtime = load_backend(config.get("backend") or trial.backend)
     calibration = config.get("calibration_seconds")
-    base["pdm_total_steps"] = (CALIBRATION_STEPS if calibration else planned_steps(trial)) or 0
+    base["pdm_total_steps"] = (
+        CALIBRATION_STEPS if calibration else runtime.planned_steps(trial)
+    ) or 0
     workdir, discarded = bind_workdir(trial.trial_hash, run.run_id, where)
     if discarded:
         run.note("checkpoint of another run discarded (that run is lost): trained from scratch")
@@ -113,7 +116,7 @@ def _train(
         tune.report(report)
 
     recipe = trial.recipe()  # the source planned with the sweep, never re-read
-    backend = run_backend
+    backend = runtime.train
     if calibration:  # benchmarks/bench_sweep.py: known, fixed compute
         from pdmask.orchestration.calibration import busy_trial
 

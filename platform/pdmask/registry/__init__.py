@@ -9,9 +9,11 @@ Public API::
                                               #   .recipe() the recipe it trains (as planned)
     recipe_check.check_recipes(recipes, trials)   # run recipes' code on synthetic batches
     MODELS, PRECISIONS, CLUSTERS              # the fixed catalog
+    BACKENDS, BackendSpec, register_backend   # the training backends (registry/backends.py)
     plan_rows(trials, cluster) -> list[PlanRow]
 """
 
+from pdmask.registry.backends import BACKENDS, BackendSpec, Launch, register_backend
 from pdmask.registry.catalog import (
     CLUSTERS,
     MODELS,
@@ -22,12 +24,14 @@ from pdmask.registry.catalog import (
 )
 from pdmask.registry.plan import PlanRow, plan_rows
 from pdmask.registry.recipes import KNOWN_INPUTS, PARAM_ROLES, Param, Recipe
-from pdmask.registry.registry import BACKEND_SUPPLIES, Registry, load_registry
+from pdmask.registry.registry import Registry, load_registry
 from pdmask.registry.sweeps import SearchSpec, Sweep
 from pdmask.registry.trial import Trial
 
 __all__ = [
-    "BACKEND_SUPPLIES",
+    "BACKENDS",
+    "BackendSpec",
+    "Launch",
     "CLUSTERS",
     "KNOWN_INPUTS",
     "PARAM_ROLES",
@@ -45,4 +49,5 @@ __all__ = [
     "Trial",
     "load_registry",
     "plan_rows",
+    "register_backend",
 ]

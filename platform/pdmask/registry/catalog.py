@@ -177,6 +177,9 @@ PRECISIONS: dict[str, PrecisionSpec] = {
     ]
 }
 
+# The precision names as a type, for the fields that hold one (Trial, the sim's trial config).
+PrecisionName = Literal[tuple(PRECISIONS)]  # type: ignore[valid-type]
+
 CLUSTERS: dict[str, ClusterProfile] = {
     c.name: c
     for c in [

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from pydantic import BaseModel, Field
 
+from pdmask.registry.backends import BACKENDS, Occupies
 from pdmask.registry.catalog import CLUSTERS, MODELS
 from pdmask.registry.trial import Trial
 
@@ -43,8 +44,8 @@ def plan_rows(
         steps = t.steps or DEFAULT_VERL_STEPS
         gpus = need.gpus if need else 0
         gpu_hours = gpus * need.seconds_per_step * steps / 3600 if need else 0.0
-        if t.backend == "sim":
-            resources = "1 CPU"
+        if BACKENDS[t.backend].occupies is Occupies.ONE_CPU:
+            resources = Occupies.ONE_CPU.value
         else:
             resources = f"{gpus} {profile.gpu_kind}" if need else f"none fit on {cluster}"
         rows.append(

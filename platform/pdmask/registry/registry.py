@@ -9,6 +9,7 @@ from typing import Any
 
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.paths import project_root
+from pdmask.registry.backends import BACKENDS, BackendSpec
 from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
 from pdmask.registry.recipe_files import discover_recipes
 from pdmask.registry.recipes import Recipe
@@ -25,12 +26,6 @@ from pdmask.registry.sweeps import (
 )
 from pdmask.registry.trial import Trial
 from pdmask.registry.yaml_source import YamlSource
-
-# What each backend can hand a recipe (Recipe.needs).
-BACKEND_SUPPLIES = {"sim": {"behaviour_topk", "behaviour_full"}, "verl": {"behaviour_topk"}}
-# Where each backend can take mu's top-K from (the `mu_source` axis). The embedded backend's
-# behaviour copy is the rollout engine itself: it has no separate old-policy forward.
-BACKEND_MU_SOURCES = {"sim": ("rollout",), "verl": ("rollout", "recompute")}
 
 
 @dataclass
@@ -96,12 +91,12 @@ class Registry:
         problems = [*self.recipe_problems, *self._file_problems(name)]
         backend = backend or sweep.backend
         profile = profile or sweep.profile
-        if backend not in BACKEND_SUPPLIES:
+        if backend not in BACKENDS:
             problems.append(
                 Problem(
                     "--backend",
                     "backend",
-                    f"unknown backend {backend!r}; known: {sorted(BACKEND_SUPPLIES)}",
+                    f"unknown backend {backend!r}; known: {sorted(BACKENDS)}",
                 )
             )
         if profile not in SIM_PROFILES:
@@ -124,6 +119,8 @@ class Registry:
                         ("figures", i), f"no dashboard {fig!r}; known: {sorted(self.dashboards)}"
                     )
                 )
+        if backend not in BACKENDS:  # the grid's cells cannot be checked against no backend
+            raise ValidationFailed(_unique(problems))
         cap = max_trials or sweep.max_trials or DEFAULT_MAX_TRIALS
         count = self.trial_count(name)
         if count > cap:
@@ -149,7 +146,7 @@ class Registry:
         for cell in cells:
             cell = self._apply_overrides(sweep, cell, matched)
             for seed in seeds:
-                trial = self._resolve(sweep, cell, seed, backend, profile, src, problems)
+                trial = self._resolve(sweep, cell, seed, BACKENDS[backend], profile, src, problems)
                 if trial is not None:
                     trials.setdefault(trial.trial_hash, trial)
         for i, hit in enumerate(matched):
@@ -182,7 +179,7 @@ class Registry:
         sweep: Sweep,
         cell: Cell,
         seed: int,
-        backend: str,
+        backend: BackendSpec,
         profile: str,
         src: YamlSource,
         problems: list[Problem],
@@ -214,12 +211,12 @@ class Registry:
                     f"mu_source must be 'rollout' or 'recompute', got {mu_source[0]!r}",
                 )
             )
-        elif mu_source[0] not in BACKEND_MU_SOURCES.get(backend, (mu_source[0],)):
+        elif mu_source[0] not in backend.mu_sources:
             problems.append(
                 src.problem(
                     mu_source[1],
-                    f"backend {backend!r} cannot supply mu_source {mu_source[0]!r} (it has "
-                    f"{list(BACKEND_MU_SOURCES[backend])})",
+                    f"backend {backend.name!r} cannot supply mu_source {mu_source[0]!r} (it has "
+                    f"{list(backend.mu_sources)})",
                 )
             )
         sim_axes = {
@@ -227,7 +224,7 @@ class Registry:
             for k, (v, p) in cell.items()
             if k.startswith(SIM_AXIS_PREFIX)
         }
-        if sim_axes and backend != "sim":
+        if sim_axes and not backend.takes_sim_knobs:
             return None  # a cell of embedded-backend knobs: other backends leave it out
         sim, knob_errors = resolve_knobs({k: v for k, (v, _) in sim_axes.items()})
         for knob, err in knob_errors:
@@ -256,12 +253,13 @@ class Registry:
         for key, err in errors:
             path = cell.get(f"params.{key}", cell.get(key, (None, ("grid",))))[1]
             problems.append(src.problem(path, f"recipe {method!r}: params.{key}: {err}"))
-        missing = set(recipe.needs) - BACKEND_SUPPLIES.get(backend, set())
+        missing = set(recipe.needs) - backend.supplies
         if missing:
             problems.append(
                 src.problem(
                     cell["method"][1],
-                    f"backend {backend!r} cannot supply {sorted(missing)} needed by {method!r}",
+                    f"backend {backend.name!r} cannot supply {sorted(missing)} needed by "
+                    f"{method!r}",
                 )
             )
         if len(problems) > before or model is None or precision is None:
@@ -277,7 +275,7 @@ class Registry:
             precision=precision,
             delta=None if trial_delta is None else float(trial_delta),
             seed=seed,
-            backend=backend,
+            backend=backend.name,
             profile=profile,
             steps=sweep.steps,
             mu_source=mu_source[0],

@@ -34,6 +34,7 @@ from pydantic import (
 )
 
 from pdmask.errors import Problem, validation_problems
+from pdmask.registry.backends import BACKENDS, DEFAULT_BACKEND
 from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
@@ -157,8 +158,10 @@ class Sweep(BaseModel):
     figures: list[str] = Field(
         default_factory=list, description="Dashboards built when it finishes."
     )
-    backend: Literal["sim", "verl"] = Field(
-        "sim", description="Default backend (`--backend` overrides)."
+    backend: str = Field(
+        DEFAULT_BACKEND,
+        description="Default backend, one of `registry/backends.py` (`--backend` overrides).",
+        json_schema_extra={"enum": sorted(BACKENDS)},  # an editor's choices: the built-in ones
     )
     profile: str = Field(
         "default", description=f"Embedded-backend budget profile: {list(SIM_PROFILES)}."
@@ -186,6 +189,13 @@ class Sweep(BaseModel):
         description=f"Confirms a large grid: expansion refuses more trials than this (default "
         f"{DEFAULT_MAX_TRIALS}; `--max-trials` overrides).",
     )
+
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        if value not in BACKENDS:
+            raise ValueError(f"unknown backend {value!r}; known: {sorted(BACKENDS)}")
+        return value
 
     @field_validator("seeds")
     @classmethod

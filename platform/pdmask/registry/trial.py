@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from pdmask.registry.catalog import PrecisionName
 from pdmask.registry.recipe_files import RecipeSource
 from pdmask.registry.sim_knobs import knob_tag
 
@@ -47,13 +48,13 @@ class Trial(BaseModel):
         description="The recipe's parameters, defaults resolved (delta included)."
     )
     model: str = Field(description="Registry model, e.g. `qwen3-4b-base`.")
-    precision: Literal["bf16", "fp8-rollout", "fp8-e2e"] = Field(description="Precision setting.")
+    precision: PrecisionName = Field(description="Precision setting (`registry/catalog.py`).")
     delta: float | None = Field(
         description="Trust-region size: the value of the recipe's `delta`-role parameter; None "
         "for a recipe without one (never crossed with a sweep's delta axis)."
     )
     seed: int = Field(description="Random seed of the whole trial.")
-    backend: Literal["sim", "verl"] = Field(description="Training backend.")
+    backend: str = Field(description="Training backend: a name of `registry/backends.py`.")
     profile: str = Field(
         description="Budget profile of the embedded backend (`smoke`, `default`, `full`, `stress`)."
     )

@@ -35,23 +35,29 @@ statistics), ``warmstart`` (base models), ``state`` / ``checkpoint`` (trial stat
 ``config`` (presets and the trial config), ``runtime`` (one thread, deterministic kernels).
 """
 
-from pdmask.backends.sim.analysis import AnalysisSetup, build_analysis_setup
-from pdmask.backends.sim.config import PRECISIONS, SimTrialConfig
-from pdmask.backends.sim.evaluation import EVAL_METRIC
-from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInSpec
-from pdmask.backends.sim.trainer import train_trial
-from pdmask.backends.sim.warmstart import prepare_base_model
+import importlib
 
-__all__ = [
-    "EVAL_METRIC",
-    "PRECISIONS",
-    "PROFILES",
-    "STAND_INS",
-    "AnalysisSetup",
-    "ProfileSpec",
-    "SimTrialConfig",
-    "StandInSpec",
-    "build_analysis_setup",
-    "prepare_base_model",
-    "train_trial",
-]
+# Resolved on first use: the backend's runtime (``backend.py``) is loaded by a driver that only
+# checks and plans, which must not pay for torch and the trainer.
+_HOMES = {
+    "AnalysisSetup": "analysis",
+    "build_analysis_setup": "analysis",
+    "PRECISIONS": "config",
+    "SimTrialConfig": "config",
+    "EVAL_METRIC": "evaluation",
+    "PROFILES": "specs",
+    "STAND_INS": "specs",
+    "ProfileSpec": "specs",
+    "StandInSpec": "specs",
+    "train_trial": "trainer",
+    "prepare_base_model": "warmstart",
+}
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value

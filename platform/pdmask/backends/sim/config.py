@@ -16,12 +16,12 @@ from pydantic import ConfigDict, Field, ValidationError, model_validator
 from pdmask.backends.sim.specs import PROFILES, STAND_INS, ProfileSpec, StandInSpec
 from pdmask.backends.sim.task import TASKS, AdditionTask
 from pdmask.errors import ValidationFailed, validation_problems
+from pdmask.registry.catalog import PrecisionName
 from pdmask.registry.sim_knobs import SimKnobs
 
-StandInName = Literal["tiny-4b", "tiny-8b", "tiny-30b-a3b"]  # = STAND_INS (a test checks)
-PrecisionName = Literal["bf16", "fp8-rollout", "fp8-e2e"]
+StandInName = Literal[tuple(STAND_INS)]  # type: ignore[valid-type]
 PRECISIONS: tuple[str, ...] = get_args(PrecisionName)
-ProfileName = Literal["smoke", "default", "full", "stress"]
+ProfileName = Literal[tuple(PROFILES)]  # type: ignore[valid-type]
 LossAggMode = Literal[  # = pdmask.trust_region.AGG_MODES (a test checks)
     "token-mean",
     "token-sum",

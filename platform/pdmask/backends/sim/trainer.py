@@ -44,6 +44,7 @@ from pdmask.backends.sim.precision import sync_behaviour
 from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
 from pdmask.errors import TrialFailed
+from pdmask.registry.backends import SIM
 from pdmask.trust_region import Method, aggregate_loss, apply_method, diagnostics
 
 MaskFn = Method  # the recipe's mask and per-token loss, parameters bound (Recipe.method)
@@ -82,7 +83,7 @@ def _update(
         logits = trainer_logits(state.trainer, batch, index)
     stats = token_stats(logits, batch, index)
     step_out = apply_method(
-        mask_fn, stats, advantages, valid, backend="sim", precision=cfg.precision
+        mask_fn, stats, advantages, valid, backend=SIM.name, precision=cfg.precision
     )
     mask = step_out.mask
     loss = aggregate_loss(step_out.token_loss, valid, cfg.loss_agg_mode)

@@ -43,6 +43,7 @@ from pdmask.backends.verl.processor import (
     stats_from_outputs,
 )
 from pdmask.errors import ConfigError
+from pdmask.registry.backends import VERL
 from pdmask.trust_region import Method, TokenStats, apply_method
 
 compat.require(["plugin", "loss"])
@@ -184,7 +185,7 @@ def masked_policy_loss(
         response_mask,
         log_prob=log_prob,
         mu_log_prob=old_log_prob,
-        backend="verl",
+        backend=VERL.name,
         precision=batch.precision,
     )
     mask = batch.mask = out.mask

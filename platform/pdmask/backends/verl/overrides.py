@@ -30,8 +30,9 @@ from typing import Any
 from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_MAX_LOGPROBS
 from pdmask.backends.verl.loss_names import MU_SOURCES
 from pdmask.errors import Problem, ValidationFailed
+from pdmask.registry.catalog import PRECISIONS as CATALOG_PRECISIONS
 
-PRECISIONS = ("bf16", "fp8-rollout", "fp8-e2e")
+PRECISIONS = tuple(CATALOG_PRECISIONS)
 PLUGIN_MODULE = "pdmask.backends.verl.plugin"
 POLICY_LOSS_CONFIG = "pdmask.backends.verl.config.PDMPolicyLossConfig"
 # A recipe that is verl's vanilla clipped surrogate runs it with the recipe's clip parameters

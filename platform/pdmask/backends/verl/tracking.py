@@ -28,6 +28,7 @@ from omegaconf import OmegaConf
 
 from pdmask.backends.verl.checks import config_value
 from pdmask.errors import TrackingError
+from pdmask.registry.backends import VERL
 
 FAILURE_TAG = "pdm.failure_reason"
 CONFIG_ARTIFACT = "verl_config.yaml"
@@ -40,7 +41,7 @@ def job_tags(config) -> dict[str, str]:
     quantization = config_value(config, "actor_rollout_ref.rollout.quantization")
     kv_cache = config_value(config, "actor_rollout_ref.rollout.engine_kwargs.vllm.kv_cache_dtype")
     return {
-        "pdm.backend": "verl",
+        "pdm.backend": VERL.name,
         "pdm.verl.version": verl.__version__,
         "pdm.verl.loss_mode": str(
             config_value(config, "actor_rollout_ref.actor.policy_loss.loss_mode")

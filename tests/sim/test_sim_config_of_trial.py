@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdmask.backends.dispatch import sim_config
+from pdmask.backends.sim.backend import sim_config
 from pdmask.errors import ConfigError
 from pdmask.registry import Trial, load_registry
 

@@ -1,28 +1,30 @@
-"""Dispatch to a training backend: ``run_backend(trial, recipe, ...)``.
+"""The embedded backend's runtime (``registry.backends.SIM``): trials train in Ray Tune workers.
 
-- ``sim``: the embedded CPU trainer (this machine, a laptop, a Ray worker).
-- ``verl``: VeRL jobs on a GPU cluster, submitted as Ray Jobs (``pdmask.backends.verl``); they do
-  not run inside this process.
+Light to import: the trainer and torch load when a trial trains or a config is built.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pdmask.errors import BackendUnavailable, ConfigError
-from pdmask.registry import MODELS, Recipe, Trial
+from pdmask.errors import ConfigError
+from pdmask.registry.backends import SIM
+from pdmask.registry.catalog import MODELS
 
-Reporter = Callable[[int, dict[str, float]], None]
+if TYPE_CHECKING:
+    from pdmask.backends.interface import Reporter
+    from pdmask.backends.sim.config import SimTrialConfig
+    from pdmask.registry import Recipe, Trial
 
 
-def sim_config(trial: Trial):
+def sim_config(trial: Trial) -> SimTrialConfig:
     """The embedded backend's config for a trial: its model's stand-in, and what the recipe's
     parameters of the ``delta``, ``topk`` and ``ratio_cap`` roles say (PARAM_ROLES)."""
     from pydantic import ValidationError
 
-    from pdmask.backends.sim import SimTrialConfig
+    from pdmask.backends.sim.config import SimTrialConfig
 
     recipe = trial.recipe()
     extra: dict[str, Any] = {}
@@ -49,28 +51,34 @@ def sim_config(trial: Trial):
         ) from None
 
 
-def planned_steps(trial: Trial) -> int | None:
-    """How many steps the trial will report (for progress and ETA)."""
-    if trial.backend == "sim":
+class SimBackend:
+    spec = SIM
+
+    def check(self, trial: Trial) -> list[str]:
+        try:
+            sim_config(trial)
+        except ConfigError as err:
+            return [str(err)]
+        return []
+
+    def planned_steps(self, trial: Trial) -> int | None:
         return sim_config(trial).resolved().steps
-    return trial.steps
 
+    def eval_metrics(self, cluster: str) -> list[str]:
+        from pdmask.backends.sim.evaluation import EVAL_METRIC
 
-def run_backend(
-    trial: Trial,
-    recipe: Recipe,
-    *,
-    reporter: Reporter,
-    workdir: Path,
-    should_stop: Callable[[], bool],
-) -> dict[str, float]:
-    """Train one trial in this process (resuming from ``workdir``'s checkpoint).
+        return [EVAL_METRIC]  # the same on every cluster: it trains where it is started
 
-    ``recipe`` is the trial's own (``trial.recipe()``, the source planned with the sweep). An
-    error in its code is raised as ``RecipeError`` (a ``ConfigError``: never retried).
-    """
-    if trial.backend == "sim":
-        from pdmask.backends.sim import train_trial
+    def train(
+        self,
+        trial: Trial,
+        recipe: Recipe,
+        *,
+        reporter: Reporter,
+        workdir: Path,
+        should_stop: Callable[[], bool],
+    ) -> dict[str, float]:
+        from pdmask.backends.sim.trainer import train_trial
 
         return train_trial(
             sim_config(trial),
@@ -79,7 +87,6 @@ def run_backend(
             workdir=workdir,
             should_stop=should_stop,
         )
-    raise BackendUnavailable(
-        f"backend {trial.backend!r} does not train in-process: submit the sweep with --backend verl "
-        "--address http://HEAD:8265 (VeRL jobs on a Ray cluster)"
-    )
+
+
+BACKEND = SimBackend()

@@ -1,0 +1,41 @@
+"""The VeRL backend's runtime (``registry.backends.VERL``): each trial is a Ray Job on a cluster.
+
+Light to import: verl loads only where a job's config is built or a job runs.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pdmask.registry.backends import VERL
+from pdmask.registry.plan import DEFAULT_VERL_STEPS
+
+if TYPE_CHECKING:
+    from pdmask.registry import Registry, Sweep, Trial
+
+
+class VerlBackend:
+    spec = VERL
+
+    def check(self, trial: Trial) -> list[str]:
+        # A job is checked as the sweep's whole set (resources against the cluster, verl's own
+        # config validation, the data files): ``ray_jobs_checks.build_all`` before any submission.
+        return []
+
+    def planned_steps(self, trial: Trial) -> int | None:
+        return trial.steps or DEFAULT_VERL_STEPS
+
+    def eval_metrics(self, cluster: str) -> list[str]:
+        from pdmask.backends.verl.jobs import eval_metrics
+
+        return eval_metrics(cluster)
+
+    def job_specs(
+        self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
+    ) -> list[dict[str, Any]]:
+        from pdmask.backends.verl.jobs import job_specs
+
+        return job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=tracking_uri)
+
+
+BACKEND = VerlBackend()

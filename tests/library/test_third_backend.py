@@ -1,0 +1,126 @@
+"""A third backend plugs in as one module plus one spec, and a sweep trains on it for real.
+
+``tests/fixtures/backends/pdm_bandit_backend.py`` is the module; the spec is registered here.
+Nothing else of pdmask knows the name: the registry's checks, the plan, the runner's launch, the
+Tune worker and the tracking all go through ``registry.backends`` and ``backends.interface``.
+Real parts: an embedded local Ray started in this process, a sqlite MLflow store.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pdmask.errors import BackendUnavailable, ValidationFailed
+from pdmask.registry import load_registry, plan_rows, register_backend
+from pdmask.registry.backends import BACKENDS, BackendSpec, unregister_backend
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "backends"
+SWEEP = """\
+name: bandit-smoke
+description: "Two recipes on the bandit backend."
+backend: bandit
+profile: smoke
+seeds: 2
+grid:
+  method: [dppo-topk-kl, pdm-agg]
+  model: [qwen3-4b-base]
+  precision: [bf16]
+  delta: [0.05]
+"""
+
+
+@pytest.fixture
+def bandit(tmp_path, monkeypatch):
+    """A project with a bandit sweep, the backend registered in this process, and its module
+    importable here and in the Ray workers this process starts."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
+    from pdm_bandit_backend import SPEC
+
+    register_backend(SPEC)
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / "sweeps" / "bandit-smoke.yaml").write_text(SWEEP)
+    monkeypatch.chdir(tmp_path)
+    for var in ("PDM_PROJECT", "PDM_HOME", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    yield tmp_path
+    unregister_backend(SPEC.name)
+
+
+def test_the_registry_checks_and_plans_a_registered_backend(bandit):
+    reg = load_registry()
+    trials = reg.expand("bandit-smoke")
+    assert {t.backend for t in trials} == {"bandit"} and len(trials) == 4
+    assert {r.resources for r in plan_rows(trials)} == {"1 CPU"}
+    # A recipe input the spec does not supply is refused.
+    source = (bandit / "recipes" / "dppo_topk_kl.py").read_text()
+    (bandit / "recipes" / "full_kl.py").write_text(
+        source.replace('"dppo-topk-kl"', '"full-kl"').replace(
+            '("behaviour_topk",)', '("behaviour_full",)'
+        )
+    )
+    (bandit / "sweeps" / "bandit-full.yaml").write_text(
+        SWEEP.replace("bandit-smoke", "bandit-full").replace("dppo-topk-kl", "full-kl")
+    )
+    with pytest.raises(ValidationFailed, match="backend 'bandit' cannot supply"):
+        load_registry().expand("bandit-full")
+
+
+def test_the_backends_own_check_runs_before_anything_launches(bandit):
+    from pdmask import SweepOptions
+    from pdmask.api import plan
+
+    (bandit / "sweeps" / "bandit-smoke.yaml").write_text(
+        SWEEP.replace("profile: smoke", "profile: full")
+    )
+    with pytest.raises(ValidationFailed, match="the bandit has no profile 'full'"):
+        plan(load_registry(), "bandit-smoke", SweepOptions())
+
+
+def test_a_spec_without_its_runtime_is_a_clear_error():
+    from pdmask.backends.interface import load_backend
+
+    spec = BackendSpec(
+        name="ghost",
+        summary="no module",
+        runtime="pdm_no_such_backend:BACKEND",
+        supplies=frozenset(),
+        mu_sources=("rollout",),
+        launch=BACKENDS["sim"].launch,
+        occupies=BACKENDS["sim"].occupies,
+    )
+    with pytest.raises(BackendUnavailable, match="ghost.*pdm_no_such_backend"):
+        load_backend(spec)
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend(BackendSpec(**{**BACKENDS["sim"].__dict__, "summary": "another"}))
+
+
+def test_a_sweep_trains_on_the_third_backend_through_the_library(bandit):
+    import pdmask
+
+    result = pdmask.run_sweep("bandit-smoke", pdmask.SweepOptions(figures=False))
+    assert result.ok, result
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(result.tracking_uri)
+    experiment = client.get_experiment_by_name("bandit-smoke")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 4 and {r.info.status for r in runs} == {"FINISHED"}
+    masked = []
+    for run in runs:
+        assert run.data.tags["pdm.backend"] == "bandit"
+        acc = [
+            m.value
+            for m in client.get_metric_history(run.info.run_id, "val-core/bandit/acc/mean_at_16")
+        ]
+        assert len(acc) == 7 and acc[-1] > acc[0], acc  # it learned: steps 0..6
+        history = client.get_metric_history(run.info.run_id, "actor/pdm/masked_frac")
+        masked.append(max(m.value for m in history))
+    assert max(masked) > 0, masked  # the recipes' masks acted on the later passes
