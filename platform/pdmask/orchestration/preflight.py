@@ -24,14 +24,14 @@ def eval_metrics(backend: str, cluster: str) -> list[str]:
 
 
 def backend_problems(reg: Registry, name: str, trials: list[Trial]) -> list[Problem]:
-    """What the trials' backend refuses in them (its ``check``), one problem per trial."""
+    """What the trials' backend refuses in them (its ``check``), naming each trial."""
     from pdmask.backends.interface import load_backend
 
     file = str(reg.sweep_sources[name].path) if name in reg.sweep_sources else name
     problems = []
     for trial in trials:
         for message in load_backend(trial.backend).check(trial):
-            problems.append(Problem(file, f"trial {trial.run_name()}", message))
+            problems.append(Problem(file, "trial", f"{trial.run_name()}: {message}"))
     return problems
 
 

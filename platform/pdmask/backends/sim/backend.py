@@ -19,11 +19,21 @@ if TYPE_CHECKING:
     from pdmask.registry import Recipe, Trial
 
 
+REFUSED = "cannot run on the embedded backend"
+
+
 def sim_config(trial: Trial) -> SimTrialConfig:
     """The embedded backend's config for a trial: its model's stand-in, and what the recipe's
     parameters of the ``delta``, ``topk`` and ``ratio_cap`` roles say (PARAM_ROLES)."""
     from pydantic import ValidationError
 
+    try:
+        return _config(trial)
+    except ValidationError as err:  # a configuration problem: fail fast, never retried
+        raise ConfigError(f"trial {trial.run_name()} {REFUSED}: {err}") from None
+
+
+def _config(trial: Trial) -> SimTrialConfig:
     from pdmask.backends.sim.config import SimTrialConfig
 
     recipe = trial.recipe()
@@ -36,29 +46,26 @@ def sim_config(trial: Trial) -> SimTrialConfig:
     ratio_cap = recipe.role_value("ratio_cap", trial.params)
     if ratio_cap is not None:
         extra["ratio_cap"] = float(ratio_cap)
-    try:
-        return SimTrialConfig(
-            stand_in=MODELS[trial.model].sim_stand_in,
-            precision=trial.precision,
-            profile=trial.profile,
-            seed=trial.seed,
-            **trial.sim,
-            **extra,
-        )
-    except ValidationError as err:  # a configuration problem: fail fast, never retried
-        raise ConfigError(
-            f"trial {trial.run_name()} cannot run on the embedded backend: {err}"
-        ) from None
+    return SimTrialConfig(
+        stand_in=MODELS[trial.model].sim_stand_in,
+        precision=trial.precision,
+        profile=trial.profile,
+        seed=trial.seed,
+        **trial.sim,
+        **extra,
+    )
 
 
 class SimBackend:
     spec = SIM
 
     def check(self, trial: Trial) -> list[str]:
+        from pydantic import ValidationError
+
         try:
-            sim_config(trial)
-        except ConfigError as err:
-            return [str(err)]
+            _config(trial)
+        except ValidationError as err:
+            return [f"{REFUSED}: {err}"]
         return []
 
     def planned_steps(self, trial: Trial) -> int | None:
