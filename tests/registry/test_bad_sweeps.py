@@ -80,11 +80,6 @@ BAD = {
         f"{HEAD}backend: tpu\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(3, "backend", "unknown backend 'tpu'")],
     ),
-    # The registry accepts the cell; the backend's own check (`Backend.check`) refuses it.
-    "refused-by-the-backend": (
-        f"{HEAD}grid: {{method: [pdm-agg], {CELL}, params.ratio_cap: [0.5]}}\n",
-        [(None, "trial", "cannot run on the embedded backend")],
-    ),
     "search-inf": (
         f"{HEAD}search:\n  metric: m\n  budget: 2\n  space: {{delta: {{low: 0.01, high: .inf}}}}\n"
         "  base: {method: pdm-agg, model: qwen3-4b-base, precision: bf16}\n",
