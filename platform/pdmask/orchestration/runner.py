@@ -107,8 +107,8 @@ def spread_by_model(trials: list[Trial]) -> list[Trial]:
     """``trials`` in launch order: one of each model in turn. Trials of one model share its warm
     start (the embedded backend's base model, built once under a lock): launched side by side,
     the first ones would wait for one build while the other cores idle; spread out, the first
-    trials build different models at once (a 60-trial sweep on 2 cores: ~85 s of lock waits
-    gone)."""
+    trials build different models at once (`main-figure` on 2 cores: ~170 core-seconds of lock
+    waits gone)."""
     by_model: dict[str, list[Trial]] = {}
     for t in trials:
         by_model.setdefault(t.model, []).append(t)
