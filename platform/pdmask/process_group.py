@@ -34,20 +34,28 @@ def _signal_when_parent_dies(sig: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``, this one excluded (Linux /proc)."""
-    members = []
+def live_stats() -> dict[int, list[str]]:
+    """pid -> the fields of ``/proc/PID/stat`` after the command name (``[0]`` is the state,
+    ``[1]`` the parent, ``[2]`` the process group, ``[19]`` the start time) of every live, non-zombie
+    process (Linux /proc)."""
+    table = {}
     for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
+        if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat") as fh:
                 fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        except (OSError, IndexError):  # gone meanwhile
             continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
+        if fields[0] != "Z":
+            table[int(entry)] = fields
+    return table
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, this one excluded (Linux /proc)."""
+    me = os.getpid()
+    return [pid for pid, fields in live_stats().items() if pid != me and int(fields[2]) == pgid]
 
 
 def _reap() -> None:

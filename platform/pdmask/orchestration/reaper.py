@@ -64,19 +64,10 @@ _REAPERS: set[int] = set()  # in the driver: its reapers, never among what it re
 
 
 def _processes() -> dict[int, tuple[int, int]]:
-    """pid -> (parent pid, start time) of every live, non-zombie process (Linux /proc)."""
-    table = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as fh:
-                fields = fh.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):  # gone meanwhile
-            continue
-        if fields[0] != "Z":
-            table[int(entry.name)] = (int(fields[1]), int(fields[START_TIME_FIELD]))
-    return table
+    """pid -> (parent pid, start time) of every live, non-zombie process."""
+    from pdmask.process_group import live_stats
+
+    return {pid: (int(f[1]), int(f[START_TIME_FIELD])) for pid, f in live_stats().items()}
 
 
 class Tree:
