@@ -29,8 +29,8 @@ class SimKnobs(BaseModel):
     task: TaskName = Field(
         "synonyms",
         description="Task regime (pdmask.backends.sim.task.TASKS): synonyms (102 tokens per "
-        "digit; the base models' top-20 view holds a median 44 % of the mass) or llm-like (one "
-        "token per digit and 4,081 rare filler tokens: a median 99.4 %, with a long thin tail, "
+        "digit; the base models' top-20 view holds a median 44 % of the mass) or llm-like (two "
+        "forms per digit and 4,071 rare filler tokens: a median 99.1 %, with a long thin tail, "
         "like an LLM's). Each regime has its own base models.",
     )
     lr: float | None = Field(

@@ -3,7 +3,7 @@
 A small decoder-only transformer per model stand-in (``STAND_INS``) learns a verifiable synthetic
 task, two-digit addition, in one of two token regimes (``task.TASKS``, the ``task`` knob): by
 default each digit has ~100 interchangeable tokens (logits 1,025 wide, the top-20 view holds
-about half the mass); ``llm-like`` has one token per digit and 4,081 rare filler tokens (logits
+about half the mass); ``llm-like`` has two forms per digit and 4,071 rare filler tokens (logits
 4,096 wide, top-20 mass > 99 % with a long thin tail, like an LLM's). A supervised warm start makes each stand-in's
 base model (``prepare_base_model``: cached per stand-in, built once under a file lock; avg@16 about
 0.1-0.2). GRPO then trains it with the recipe's mask through the same math API the VeRL backend

@@ -13,13 +13,17 @@ The regimes (``TASKS``) differ only in how the answer's tokens are spread over t
   1,025 wide and the behaviour's top-20 view holds about half the mass (tiny-4b base model, FP8
   rollout: median 44 %, 10th percentile 40 %): the near-duplicate output embeddings spread every
   update over ~100 tokens and make the tail term of ``Ddot`` large.
-- ``llm-like``: one token per digit and a vocabulary of 4,096 whose other 4,081 tokens are
-  *fillers*, meaningless tokens that demonstrations emit with probability ``filler_rate`` per
-  response position, Zipf-distributed over the fillers. The base model's next-token distribution
-  is then an LLM's shape: a few plausible tokens, the top 20 holding > 99 % of the mass (tiny-4b
-  base model, FP8 rollout: median 99.4 %, 1st percentile 98.8 %), and a long thin tail over
-  thousands of tokens (mean probability of rank 100: 1e-5, of rank 1,000: 7e-7), none a
-  near-duplicate of another. A filler in the answer makes it wrong.
+- ``llm-like``: two surface forms per digit (``5`` and `` 5``, Zipf: 2/3 and 1/3) and a
+  vocabulary of 4,096 whose other 4,071 tokens are *fillers*, meaningless tokens that
+  demonstrations emit with probability ``filler_rate`` per response position, Zipf-distributed
+  over the fillers. The next-token distribution is then an LLM's shape: a few plausible tokens
+  (every digit form fits in the top 20, so the top-20 view holds > 99 % of the mass: tiny-4b
+  base model, FP8 rollout, median 99.1 %, 10th percentile 98.6 %; 99.95 % after 20 RL steps)
+  and a long thin tail over thousands of tokens, none a near-duplicate of another. The second surface form
+  is what makes the direction tests disagree at all: with one token per digit the sampled token
+  nearly always carries most of the mass, the global term of ``Ddot`` follows the local one, and
+  the tests disagreed on ~1 % of out-of-region tokens (~12 per seed; the paper: 82 of 1,435);
+  with two forms, on ~10 % (~100 per seed). A filler in the answer makes it wrong.
 
 Held-out split: a problem ``(a, b)`` belongs to the evaluation pool when a fixed hash puts it there
 (about 1 in 61, some 160 problems for two digits); training never samples those problems.
@@ -199,11 +203,10 @@ def _zipf(count: int, exponent: float) -> torch.Tensor:
 
 TASKS: dict[str, AdditionTask] = {
     "synonyms": AdditionTask(),
-    # 4,096 logits: a vocabulary 4x the synonyms regime's, of which 4,081 fillers. A filler rate
-    # of 1 % per position with a Zipf(1.1) spread puts the base model's median top-20 mass at
-    # 99.4 % (measured on tiny-4b) with a tail over every filler.
+    # 4,096 logits: a vocabulary 4x the synonyms regime's, of which 4,071 fillers. A filler rate
+    # of 1 % per position with a Zipf(1.1) spread leaves a thin tail over every filler.
     "llm-like": AdditionTask(
-        synonyms_per_digit=1, filler_tokens=4081, filler_rate=0.01, filler_zipf=1.1
+        synonyms_per_digit=2, filler_tokens=4071, filler_rate=0.01, filler_zipf=1.1
     ),
 }
 """The task regimes (``SimTrialConfig.task``); see the module docstring."""
