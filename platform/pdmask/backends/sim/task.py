@@ -19,11 +19,12 @@ The regimes (``TASKS``) differ only in how the answer's tokens are spread over t
   over the fillers. The next-token distribution is then an LLM's shape: a few plausible tokens
   (every digit form fits in the top 20, so the top-20 view holds > 99 % of the mass: tiny-4b
   base model, FP8 rollout, median 99.1 %, 10th percentile 98.6 %; 99.95 % after 20 RL steps)
-  and a long thin tail over thousands of tokens, none a near-duplicate of another. The second surface form
-  is what makes the direction tests disagree at all: with one token per digit the sampled token
-  nearly always carries most of the mass, the global term of ``Ddot`` follows the local one, and
-  the tests disagreed on ~1 % of out-of-region tokens (~12 per seed; the paper: 82 of 1,435);
-  with two forms, on ~10 % (~100 per seed). A filler in the answer makes it wrong.
+  and a long thin tail over thousands of tokens, none a near-duplicate of another. The second
+  surface form is what makes the direction tests disagree at all: with one token per digit the
+  sampled token nearly always carries most of the mass, the global term of ``Ddot`` follows the
+  local one, and the tests disagreed on ~1 % of out-of-region tokens (~12 per seed; the paper: 82
+  of 1,435); with two forms, on 12 % (139 per seed, 61 seeds of ``token-analysis-llm``). A filler
+  in the answer makes it wrong.
 
 Held-out split: a problem ``(a, b)`` belongs to the evaluation pool when a fixed hash puts it there
 (about 1 in 61, some 160 problems for two digits); training never samples those problems.
