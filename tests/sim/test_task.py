@@ -67,8 +67,8 @@ def test_the_llm_like_regime_has_two_forms_per_digit_and_a_long_thin_filler_tail
     from pdmask.backends.sim.task import TASKS
 
     task = TASKS["llm-like"]
+    # Two forms per digit, and every digit form fits in the behaviour's top-20 view.
     assert task.vocab_size == 4096 and task.digit_tokens == 20
-    assert task.digit_tokens <= 20  # every digit form fits in the behaviour's top-20 view
     assert task.vocab_size - task.first_filler == task.filler_tokens > 4000
     g = torch.Generator().manual_seed(0)
     a, b = task.sample_train(20_000, g)
