@@ -92,3 +92,8 @@ def _name(pid: int) -> str:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as fh:
         return fh.read().strip()
     return str(pid)
+
+
+def listening_now() -> list[str]:
+    """The local address of every TCP socket listening on this machine now."""
+    return list(_listening_inodes().values())

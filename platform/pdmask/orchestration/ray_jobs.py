@@ -39,6 +39,7 @@ from pdmask.backends.verl.jobs import (
     trial_resources,
 )
 from pdmask.backends.verl.jobs_setup import JobSettings
+from pdmask.backends.verl.watchdog import WATCHDOG_TAG
 from pdmask.console import table
 from pdmask.errors import ConfigError
 from pdmask.orchestration.options import SweepOptions
@@ -350,7 +351,26 @@ class JobRunner:
                 return
             self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {problem}")
         else:
-            self._fail(job, self.cluster.failure_reason(view))
+            reason = self.cluster.failure_reason(view)
+            ended_by = self._watchdog_reason(run_id)
+            if ended_by:
+                self._fail(job, f"{ended_by}\n{reason}", headline=ended_by)
+            else:
+                self._fail(job, reason)
+
+    def _watchdog_reason(self, run_id: str | None) -> str | None:
+        """Why the job's own watchdog ended it (``backends/verl/watchdog.py``), read once: the
+        tag is removed so that a later attempt's run does not carry it."""
+        if run_id is None:
+            return None
+        try:
+            run = with_retry(lambda: self.client.get_run(run_id))
+            reason = run.data.tags.get(WATCHDOG_TAG)
+            if reason:
+                with_retry(lambda: self.client.delete_tag(run_id, WATCHDOG_TAG))
+        except Exception:  # the log tail still says what happened
+            return None
+        return f"ended by the job's watchdog: {reason}" if reason else None
 
     def _settle_success(self, run_id: str | None) -> str | None:
         """None when the run is (now) FINISHED; otherwise what is wrong with it."""
@@ -377,11 +397,13 @@ class JobRunner:
         reason = run.data.tags.get("pdm.failure_reason", "")
         return f"its MLflow run ended {status}" + (f": {reason}" if reason else "")
 
-    def _fail(self, job: TrialJob, reason: str) -> None:
+    def _fail(self, job: TrialJob, reason: str, headline: str | None = None) -> None:
+        """A failed attempt; ``headline`` is the line the console shows (default: the reason's
+        last line, where a log tail ends)."""
         if job.run_id:
             TrialRun(self.client, job.run_id, -1, 0, True).fail(reason, final=True)
         job.reason = reason
-        last = reason.strip().splitlines()[-1] if reason.strip() else ""
+        last = headline or (reason.strip().splitlines()[-1] if reason.strip() else "")
         if job.tries_left > 0:
             job.state = "queued"
             self.console.print(

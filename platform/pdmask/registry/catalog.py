@@ -80,6 +80,12 @@ class ClusterProfile(BaseModel):
         "local Ray head, verl's CPU platform, vLLM's CPU build): integration tests and "
         "`verl-smoke`, never the paper's numbers.",
     )
+    job_startup_seconds: float = Field(
+        3600.0,
+        description="How long a VeRL job may run before its first finished step or validation "
+        "(model loading, vLLM start, the first weight sync, the validation before training) "
+        "before its watchdog ends it as stalled (`backends/verl/watchdog.py`).",
+    )
 
     @property
     def gpus(self) -> int:
@@ -193,6 +199,8 @@ CLUSTERS: dict[str, ClusterProfile] = {
             gpu_kind="CPU",
             gpu_memory_gb=0,
             device="cpu",
+            # measured 95-240 s from submission to the first step on 2 loaded cores
+            job_startup_seconds=900.0,
         ),
     ]
 }

@@ -58,6 +58,10 @@ HOOKS: dict[str, tuple[str, ...]] = {
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer._compute_old_log_prob(batch, metrics)",
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer.fit(agent_loop_manager)",
         "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.on_train_begin",
+        "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.on_step_end",
+        "verl.trainer.ppo.v1.trainer_base:PPOTrainer.on_validate_end",
+        "verl.trainer.ppo.v1.trainer_base:PPOTrainer.init",
+        "verl.workers.rollout.llm_server:LLMServerManager.get_replicas",
         "verl.trainer.ppo.utils:Role.ActorRollout",
     ),
     "agent_loop": (
@@ -75,6 +79,9 @@ VLLM_SERVER_NAMES = (
     "SamplingParams",
     "extract_prompt_logprobs",
     "vLLMHttpServer.generate",
+    "vLLMHttpServer.launch_server",
+    "vLLMHttpServer.collective_rpc",
+    "vLLMHttpServer._get_worker_extension_cls",
     "vLLMReplica.__init__",
 )
 

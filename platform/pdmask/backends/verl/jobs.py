@@ -81,6 +81,27 @@ def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
     return {"nodes": nodes, "gpus_per_node": per_node, "gpus": gpus, "gpu_kind": profile.gpu_kind}
 
 
+# A job's watchdog (watchdog.py) ends it after this long without a finished step or validation:
+# a few of the model's steps (estimated per GPU kind in the catalog), never under ten minutes.
+STALL_STEPS = 4
+STALL_FLOOR_SECONDS = 600.0
+
+
+def watchdog_bounds(trial: Trial, cluster: str, settings: JobSettings | None = None):
+    """The stall and start-up bounds of a trial's job on a cluster profile (the site's
+    ``PDM_VERL_STALL_SECONDS`` / ``PDM_VERL_STARTUP_SECONDS`` win)."""
+    from pdmask.backends.verl.watchdog import Bounds
+
+    settings = settings or JobSettings()
+    profile = CLUSTERS[cluster]
+    need = MODELS[trial.model].gpu_needs[profile.gpu_kind]
+    return Bounds(
+        startup_seconds=settings.startup_seconds or profile.job_startup_seconds,
+        stall_seconds=settings.stall_seconds
+        or max(STALL_FLOOR_SECONDS, STALL_STEPS * need.seconds_per_step),
+    )
+
+
 def _resource_problems(trial: Trial, cluster: str, res: dict[str, Any]) -> list[Problem]:
     profile = CLUSTERS[cluster]
     where = f"trial {trial.run_name()} ({trial.trial_hash})"
@@ -293,20 +314,23 @@ def job_env_vars(
     run_id: str | None,
     attempt: int,
     sid: str,
+    cluster: str,
+    settings: JobSettings,
     file_recipe=None,
-    cpu: bool = False,
 ) -> dict[str, str]:
     """The Ray job's environment: verl's plugin and MLflow run, the recipe file it carries (if
-    any), the trial's identity, and on a CPU profile verl's CPU platform."""
+    any), the trial's identity, its watchdog's bounds, and on a CPU profile verl's CPU platform."""
     from pdmask.backends.verl.overrides import job_env
+    from pdmask.backends.verl.watchdog import WATCHDOG_ENV
 
     env = job_env(tracking_uri=tracking_uri, run_id=run_id, file_recipe=file_recipe)
-    if cpu:
+    if on_cpu(cluster):
         from pdmask.backends.verl.cpu_profile import CPU_ENV
 
         env.update(CPU_ENV)
     env.update(
         {
+            WATCHDOG_ENV: watchdog_bounds(trial, cluster, settings).to_env(),
             "PDM_TRIAL_HASH": trial.trial_hash,
             "PDM_ATTEMPT": str(attempt),
             "PDM_SUBMISSION_ID": sid,
@@ -343,8 +367,9 @@ def job_spec(
         run_id=run_id,
         attempt=attempt,
         sid=sid,
+        cluster=cluster,
+        settings=settings,
         file_recipe=file_recipe,
-        cpu=on_cpu(cluster),
     )
     return {
         "trial_hash": trial.trial_hash,

@@ -99,6 +99,18 @@ class JobSettings(BaseModel):
         description="PDM_VERL_ENTRYPOINT: the command the overrides are appended to (a wrapper "
         "script on the cluster, or a stand-in trainer in tests).",
     )
+    stall_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="PDM_VERL_STALL_SECONDS: a job's watchdog ends it after this long without a "
+        "finished step or validation (default: four of the model's estimated steps, at least 600).",
+    )
+    startup_seconds: float | None = Field(
+        None,
+        gt=0,
+        description="PDM_VERL_STARTUP_SECONDS: how long a job may run before its first finished "
+        "step or validation (default: the cluster profile's `job_startup_seconds`).",
+    )
     extra_overrides: tuple[str, ...] = Field(
         (),
         description="PDM_VERL_OVERRIDES: extra `key=value` Hydra overrides, shell-quoted and "
@@ -121,6 +133,8 @@ class JobSettings(BaseModel):
             checkpoint_dir=env.get("PDM_VERL_CHECKPOINT_DIR") or None,
             model_root=env.get("PDM_MODEL_ROOT") or None,
             entrypoint=env.get("PDM_VERL_ENTRYPOINT") or cls.model_fields["entrypoint"].default,
+            stall_seconds=env.get("PDM_VERL_STALL_SECONDS") or None,
+            startup_seconds=env.get("PDM_VERL_STARTUP_SECONDS") or None,
             extra_overrides=extra,
         )
 

@@ -138,22 +138,23 @@ class SkipLoggedSteps:
         return getattr(self.adapter, name)
 
 
-def mark_failed(reason: str) -> None:
+def mark_failed(reason: str, extra_tags: dict[str, str] | None = None) -> None:
     """FAILED with the reason: the active run, else the pre-created ``MLFLOW_RUN_ID``, else nothing."""
     import mlflow
 
-    reason = reason[
-        -5000:
-    ]  # MLflow's tag value limit; the end of a traceback is the informative part
+    # MLflow's tag value limit; the end of a traceback is the informative part
+    tags = {FAILURE_TAG: reason, **(extra_tags or {})}
+    tags = {key: value[-5000:] for key, value in tags.items()}
     run = mlflow.active_run()
     if run is not None:
-        mlflow.set_tag(FAILURE_TAG, reason)
+        mlflow.set_tags(tags)
         mlflow.end_run(status="FAILED")
         return
     run_id = os.environ.get("MLFLOW_RUN_ID")
     if run_id:
         client = mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI"))
-        client.set_tag(run_id, FAILURE_TAG, reason)
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
         client.set_terminated(run_id, status="FAILED")
 
 

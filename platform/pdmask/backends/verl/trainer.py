@@ -3,7 +3,8 @@
 - start-up checks of the settings pdmask's methods depend on, before any GPU is allocated;
 - pdmask's actor worker (loss + logits hook) in place of verl's;
 - the old-policy pass marker when mu is recomputed by the trainer (``pdm_mu_source=recompute``);
-- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure.
+- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure;
+- the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from pdmask.backends.verl import compat, tracking
+from pdmask.backends.verl import compat, tracking, watchdog
 from pdmask.backends.verl.checks import TRAINER_NAME, check_job_config
 from pdmask.backends.verl.loss_names import method_for_loss_mode
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY
@@ -42,13 +43,34 @@ class PDMTrainerSync(PPOTrainerSync):
                 and policy_loss.get("pdm_mu_source", "rollout") == "recompute"
             )
 
+    _watchdog: watchdog.JobWatchdog | None = None
+
     def init(self):
         with tracking.failure_marked():
+            bounds = watchdog.Bounds.from_env()
+            if bounds is not None:  # before verl's set-up: the first weight sync happens in it
+                self._watchdog = watchdog.JobWatchdog(
+                    bounds, lambda: watchdog.server_handles(self), watchdog.end_job
+                ).start()
             super().init()
 
     def fit(self, agent_loop_manager):
         with tracking.failure_marked():
             super().fit(agent_loop_manager)
+        if self._watchdog is not None:
+            self._watchdog.stop()
+
+    def _beat(self, what: str) -> None:
+        if self._watchdog is not None:
+            self._watchdog.beat(what)
+
+    def on_step_end(self):
+        super().on_step_end()  # verl's weight sync into vLLM: the step is done after it
+        self._beat(f"step {self.global_steps}")
+
+    def on_validate_end(self):
+        super().on_validate_end()
+        self._beat(f"the validation at step {self.global_steps}")
 
     # verl creates its Tracking in fit() and logs the validation before training before
     # on_train_begin: pdmask's MLflow set-up runs at whichever of the two hooks comes first.

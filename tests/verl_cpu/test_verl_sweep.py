@@ -1,0 +1,252 @@
+"""``pdm sweep verl-smoke --backend verl``: real VeRL training on this machine, end to end, faults
+included. One sweep (the expensive part: a Ray head, vLLM engines, verl jobs) feeds every test here.
+
+Real: a Ray head pdmask starts on loopback, verl 0.9.1's ``main_ppo`` as Ray jobs, vLLM's CPU
+build serving rollouts through pdmask's top-K server, verl's FSDP2 engine with pdmask's logits
+hook and losses, a sqlite MLflow store, the figure. The scratch project adds one method that
+exists only as a recipe file (the job carries it to the workers) to the sweep's grid, and two
+trials meet a fault once their first step is logged (``faults.py``):
+
+- ``pdm-agg`` (mu from the rollout): its job is stopped through Ray's job API, as an operator or
+  a node failure would; pdmask marks the attempt failed, resubmits it as attempt 2, verl resumes
+  from the latest checkpoint into the same MLflow run, and no metric has a step twice;
+- ``dppo-topk-kl``: its vLLM engine core is SIGKILLed; the job must end within a bound (the job's
+  watchdog, ``backends/verl/watchdog.py``, or verl's own error), the engine's failure named in the
+  attempt's reason, and attempt 2 finishes the trial the same way.
+
+What has to hold, besides "it ran": every trial trained something (non-zero advantages, loss and
+gradient), the top-K arrived for every token, mu and pi agree on the first mini-batch within the
+bf16 mismatch (rollout) or exactly (recompute), validation scores and ``actor/pdm/*`` metrics are
+in one run per trial, the run's tags say what the log-probs mean, nothing listened beyond
+loopback, and nothing of the sweep is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tests.cluster.conftest import pdm_cmd, sweep_runs, tracking_client
+from tests.registry.test_new_recipe import NEW_RECIPE
+
+from .conftest import ROOT, cpu_env
+from .faults import FaultInjector
+from .listening import ListenWatch, listening_now
+
+SWEEP = "verl-smoke"
+CARRIED = "hard-topk-kl"
+STEPS = 3  # a fault lands after step 1; two more steps leave the retry something to resume
+FAULTS = {"pdm-agg": "stop", "dppo-topk-kl": "engine"}
+# The sweep's own bound: 4 trials and 2 retries, ~2-4 min each on 2 loaded cores.
+SWEEP_TIMEOUT_S = 2400
+# A job whose engine died ends within the watchdog's poll (10 s) plus a server round trip and
+# Ray's job teardown; verl's own error, when it comes first, is faster still.
+ENGINE_FAULT_BOUND_S = 180
+# The watchdog's stall bound for these jobs (PDM_VERL_STALL_SECONDS): a job that stopped without
+# its engine dying must not hold the suite for the default 10 minutes.
+STALL_S = "300"
+KEYS = ("actor/pdm/kl_topk_mean", "actor/pg_loss", "critic/score/mean")
+# bf16 vLLM vs bf16 FSDP on the same weights: measured top-K KL ~1e-5 per token (verl-cpu notes);
+# bf16 has 8 bits of mantissa (eps 3.9e-3), log-prob errors of a few eps give a KL of
+# O(eps^2 * K) ~ 1e-4 at worst; a wrong alignment or temperature gives KL ~ 0.1 or more.
+ROLLOUT_KL_BOUND = 1e-3
+# recompute: mu is pi_old from the same engine and weights as the first update's forward, so D is
+# 0 up to rounding: float32 log-softmax of the same bf16 logits, possibly micro-batched
+# differently; a few float32 eps (1.2e-7) per log-prob, weighted by mu (sum 1): ~1e-6 per token,
+# and the mean can be slightly negative (measured: +-1e-7).
+RECOMPUTE_KL_BOUND = 1e-5
+
+pytestmark = pytest.mark.timeout(SWEEP_TIMEOUT_S + 300)
+
+
+def _project(tmp_path_factory, tiny_cache):
+    project = tmp_path_factory.mktemp("verl-smoke")
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, project / name)
+    shutil.copytree(tiny_cache, project / ".pdm" / "tiny" / tiny_cache.name)
+    (project / "recipes" / "hard_topk_kl.py").write_text(NEW_RECIPE)
+    sweep = project / "sweeps" / f"{SWEEP}.yaml"
+    text = sweep.read_text()
+    for old, new in (
+        (
+            "    - method: [dppo-topk-kl, pdm-agg]\n",
+            f"    - method: [dppo-topk-kl, pdm-agg, {CARRIED}]\n",
+        ),
+        ("\nsteps: 2\n", f"\nsteps: {STEPS}\n"),
+        ("\nretries: 1\n", "\nretries: 1\n"),
+    ):
+        assert old in text, f"{sweep.name} no longer has {old!r}"
+        text = text.replace(old, new)
+    sweep.write_text(text)
+    return project
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory, tiny_cache):
+    """One run of the sweep with its two faults, shared by the tests below (minutes)."""
+    project = _project(tmp_path_factory, tiny_cache)
+    log = project / "pdm.log"
+    started = time.time()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            pdm_cmd("sweep", SWEEP, "--backend", "verl"),
+            env=cpu_env(project, PDM_VERL_STALL_SECONDS=STALL_S),
+            cwd=project,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def address() -> str:
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
+        assert match, "the sweep has not printed its Ray head's address"
+        return match.group(1)
+
+    injector = FaultInjector(proc.pid, tracking_client(project), SWEEP, address, FAULTS)
+    try:
+        with ListenWatch(proc.pid) as watch, injector:
+            proc.wait(timeout=SWEEP_TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(timeout=120)
+    return {
+        "project": project,
+        "rc": proc.returncode,
+        "out": log.read_text(),
+        "seconds": time.time() - started,
+        "watch": watch,
+        "injected": {i.kind: i for i in injector.injected},
+        "injector_errors": injector.errors,
+    }
+
+
+def _history(client, run, key) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+
+
+def _runs(smoke) -> dict[tuple[str, str], object]:
+    """The sweep's one run per trial, by (method, mu source)."""
+    runs = sweep_runs(smoke["project"], SWEEP)
+    assert all(len(r) == 1 for r in runs.values()), "one run per trial"
+    return {
+        (r[0].data.tags["pdm.method"], r[0].data.tags["pdm.mu_source"]): r[0] for r in runs.values()
+    }
+
+
+def test_every_trial_finishes_with_one_run_and_the_figure(smoke):
+    out = smoke["out"]
+    assert smoke["rc"] == 0, out[-6000:]
+    assert not smoke["injector_errors"], smoke["injector_errors"]
+    assert sorted(smoke["injected"]) == ["engine", "stop"], "both faults were injected"
+    runs = _runs(smoke)
+    assert sorted(runs) == [
+        ("dppo-topk-kl", "rollout"),
+        (CARRIED, "rollout"),
+        ("pdm-agg", "recompute"),
+        ("pdm-agg", "rollout"),
+    ]
+    assert all(r.info.status == "FINISHED" for r in runs.values())
+    figure = smoke["project"] / ".pdm" / "figures" / SWEEP / SWEEP / f"{SWEEP}.png"
+    assert figure.exists(), out[-3000:]
+    print(f"{SWEEP}: {smoke['seconds']:.0f} s for 4 trials and 2 retries")
+
+
+def test_each_trial_trained_something_and_logged_every_step_once(smoke):
+    client = tracking_client(smoke["project"])
+    for (method, mu_source), run in _runs(smoke).items():
+        name = f"{method}/{mu_source}"
+        for key in (*KEYS, "actor/pdm/masked_frac", "actor/grad_norm"):
+            steps = [s for s, _ in _history(client, run, key)]
+            assert steps == list(range(1, STEPS + 1)), f"{name}: {key} at steps {steps}"
+        val = [s for s, _ in _history(client, run, "val-core/synth/acc/mean_at_2")]
+        # before training and at the last step; a resumed attempt also validates where it resumes
+        assert val[0] == 0 and val[-1] == STEPS and val == sorted(set(val)), f"{name}: {val}"
+        if method not in FAULTS:
+            assert val == [0, STEPS], f"{name}: validation at {val}"
+        adv_max = [v for _, v in _history(client, run, "critic/advantages/max")]
+        adv_min = [v for _, v in _history(client, run, "critic/advantages/min")]
+        assert any(v > 0 for v in adv_max) and any(v < 0 for v in adv_min), (
+            f"{name}: all advantages 0 -- nothing was trained"
+        )
+        # GRPO's token-mean loss -A r is ~0 at r ~ 1 (advantages sum to 0 per group); its
+        # gradient is not: sum_t -A_t grad log pi(y_t) over different responses.
+        assert any(v > 0 for _, v in _history(client, run, "actor/grad_norm")), name
+        missing = [v for _, v in _history(client, run, "actor/pdm/topk_missing_frac")]
+        assert missing == [0.0] * STEPS, f"{name}: tokens without a top-K {missing}"
+
+
+def test_mu_and_pi_agree_on_the_first_minibatch(smoke):
+    """One mini-batch per step, so step 1's statistics are the first mini-batch's, on-policy:
+    vLLM's bf16 top-K vs the trainer's (rollout), pi_old vs pi before any update (recompute)."""
+    client = tracking_client(smoke["project"])
+    for (method, mu_source), run in _runs(smoke).items():
+        kl = dict(_history(client, run, "actor/pdm/kl_topk_mean"))[1]
+        masked = dict(_history(client, run, "actor/pdm/masked_frac"))[1]
+        if mu_source == "recompute":
+            assert abs(kl) < RECOMPUTE_KL_BOUND, f"recompute: D = {kl} on the first mini-batch"
+            assert masked == 0.0
+        else:
+            assert 0 <= kl < ROLLOUT_KL_BOUND, f"{method}: KL {kl}"
+
+
+def test_run_tags_record_what_the_logprobs_mean(smoke):
+    for (_, mu_source), run in _runs(smoke).items():
+        tags = run.data.tags
+        assert tags["pdm.verl.logprobs_mode"] == "processed_logprobs"
+        assert tags["pdm.verl.temperature"] == "1.0"
+        assert tags["pdm.verl.top_p"] == "1.0" and tags["pdm.verl.top_k"] == "-1"
+        assert tags["pdm.verl.topk"] == "20"
+        assert tags["pdm.verl.device"] == "cpu"
+        assert tags["pdm.verl.mu_source"] == mu_source
+        assert ("vLLM" in tags["pdm.verl.mu"]) == (mu_source == "rollout")
+
+
+def _resumed_attempt(smoke, kind: str):
+    """The faulted trial's run, its first attempt's id, and its checkpoint folder."""
+    fault = smoke["injected"][kind]
+    run = tracking_client(smoke["project"]).get_run(fault.run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["pdm.attempts"] == "2"
+    assert fault.submission_id.endswith("-a1")
+    assert run.data.tags["pdm.ray_job"] == fault.submission_id[: -len("a1")] + "a2"
+    trial_dir = (
+        smoke["project"] / ".pdm" / "checkpoints" / "verl" / SWEEP / run.data.tags["pdm.trial_hash"]
+    )
+    assert (trial_dir / "latest_checkpointed_iteration.txt").read_text().strip() == str(STEPS)
+    return fault, run
+
+
+def test_a_stopped_job_resumes_from_its_checkpoint_into_the_same_run(smoke):
+    fault, run = _resumed_attempt(smoke, "stop")
+    out = smoke["out"]
+    assert f"FAILED {fault.submission_id}: " in out and "retrying" in out, out[-3000:]
+    assert fault.ended_status == "STOPPED", fault
+    assert fault.resumed_from is not None and fault.resumed_from >= 1, fault
+
+
+def test_a_dead_vllm_engine_fails_the_attempt_within_the_bound_with_its_error(smoke):
+    fault, run = _resumed_attempt(smoke, "engine")
+    failures = json.loads(run.data.tags["pdm.failures"])
+    first = next(f for f in failures if f["attempt"] == 1)
+    assert re.search(r"vLLM engine|EngineDead|EngineCore", first["reason"]), first["reason"]
+    assert fault.ended_status == "FAILED", fault
+    took = fault.ended_at - fault.at
+    assert 0 < took <= ENGINE_FAULT_BOUND_S, f"the job ended {took:.0f} s after its engine died"
+    assert fault.resumed_from is not None and fault.resumed_from >= 1, fault
+    print(f"engine killed: the job ended {took:.0f} s later; reason: {first['reason'][:200]}")
+
+
+def test_nothing_listened_beyond_loopback_and_nothing_is_left(smoke):
+    watch = smoke["watch"]
+    assert watch.samples > 10 and watch.seen, "the watch saw the sweep's servers"
+    assert watch.beyond_loopback() == {}, watch.beyond_loopback()
+    match = re.search(r"local Ray head on (http://127\.0\.0\.1:\d+)", smoke["out"])
+    assert match and "stopped the local Ray head" in smoke["out"]
+    port = int(match.group(1).rsplit(":", 1)[1])
+    assert not any(a.endswith(f":{port}") for a in listening_now()), "the head's dashboard is gone"
