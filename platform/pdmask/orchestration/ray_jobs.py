@@ -353,10 +353,7 @@ class JobRunner:
         else:
             reason = self.cluster.failure_reason(view)
             ended_by = self._watchdog_reason(run_id)
-            if ended_by:
-                self._fail(job, f"{ended_by}\n{reason}", headline=ended_by)
-            else:
-                self._fail(job, reason)
+            self._fail(job, f"{ended_by}\n{reason}" if ended_by else reason)
 
     def _watchdog_reason(self, run_id: str | None) -> str | None:
         """Why the job's own watchdog ended it (``backends/verl/watchdog.py``), read once: the
@@ -397,13 +394,13 @@ class JobRunner:
         reason = run.data.tags.get("pdm.failure_reason", "")
         return f"its MLflow run ended {status}" + (f": {reason}" if reason else "")
 
-    def _fail(self, job: TrialJob, reason: str, headline: str | None = None) -> None:
-        """A failed attempt; ``headline`` is the line the console shows (default: the reason's
-        last line, where a log tail ends)."""
+    def _fail(self, job: TrialJob, reason: str) -> None:
+        """A failed attempt; the console shows the reason's first line (the watchdog's reason, or
+        the job's status and Ray's message), never a log tail's last line."""
         if job.run_id:
             TrialRun(self.client, job.run_id, -1, 0, True).fail(reason, final=True)
         job.reason = reason
-        last = headline or (reason.strip().splitlines()[-1] if reason.strip() else "")
+        last = reason.strip().splitlines()[0] if reason.strip() else ""
         if job.tries_left > 0:
             job.state = "queued"
             self.console.print(
