@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "pdmask"
 
 # Layer of each top-level part of pdmask; a part imports only parts of a lower layer.

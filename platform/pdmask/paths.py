@@ -6,6 +6,11 @@
 - The **state folder** is ``$PDM_HOME`` if set, else ``<project root>/.pdm``. Everything pdmask
   writes by default goes there: the sqlite MLflow store, its artifacts, checkpoints, caches,
   figures.
+- The **model cache** holds the models pdmask builds itself (the embedded backend's base models,
+  the tiny Qwen3 of the VeRL-on-CPU path): ``$PDM_MODEL_CACHE`` if set, else the state folder's
+  ``cache/``. Each is named by the hash of everything that shapes it and built under a lock or
+  renamed into place when complete, so several state folders (the test suite's projects, two
+  checkouts) can share one cache and build each model once.
 """
 
 from __future__ import annotations
@@ -35,6 +40,13 @@ def project_root() -> Path:
 def state_dir() -> Path:
     env = os.environ.get("PDM_HOME")
     path = Path(env).resolve() if env else project_root() / ".pdm"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def model_cache_dir() -> Path:
+    env = os.environ.get("PDM_MODEL_CACHE")
+    path = Path(env).resolve() if env else state_dir() / "cache"
     path.mkdir(parents=True, exist_ok=True)
     return path
 

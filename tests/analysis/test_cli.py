@@ -9,6 +9,8 @@ import pytest
 from pdmask.cli import main
 from tests.analysis.conftest import SMALL
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 FLAGS = [
     f"--{key.replace('_', '-')}={value}" for key, value in SMALL.items() if key != "isolated_tokens"
 ] + ["--isolated-tokens=2", "--jobs=2"]

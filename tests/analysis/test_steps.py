@@ -14,6 +14,8 @@ from pdmask.analysis.quantities import TESTS, measure_tokens
 from pdmask.analysis.steps import run_test_steps
 from tests.analysis.bruteforce import kl_topk_reference, manual_step
 
+pytestmark = pytest.mark.slow
+
 
 def _saved(setup):
     return copy.deepcopy(setup.trainer.state_dict()), copy.deepcopy(setup.optimizer.state_dict())

@@ -16,6 +16,8 @@ from pdmask.registry.sweeps import SIM_PROFILES
 
 from .conftest import ROOT, pdm
 
+pytestmark = pytest.mark.processes
+
 COMMANDS = {"recipes", "sweeps", "sweep", "validate", "ui", "figure", "analyze", "data", "schema"}
 WIDE = {"COLUMNS": "200"}  # rich wraps help at the terminal's width
 

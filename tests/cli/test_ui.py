@@ -22,6 +22,8 @@ from pdmask.tracking.ui import runs_table_url
 
 from .conftest import pdm_process
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 LOOPBACK = {"127.0.0.1", "::1"}
 START_S = 240  # the server migrates a new store first; on a loaded 2-core machine that is slow
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

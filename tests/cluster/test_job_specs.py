@@ -23,7 +23,7 @@ from pdmask.registry import load_registry
 from tests.cluster.conftest import ROOT
 
 pytest.importorskip("verl")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.processes]
 
 PLUGIN = "pdmask.backends.verl.plugin"
 SEED_KEYS = (

@@ -20,7 +20,7 @@ import pytest
 from tests.cluster.conftest import env_for, pdm_cmd, sweep_runs
 
 pytest.importorskip("verl")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
 
 STANDIN = Path(__file__).with_name("standin_trainer.py")
 # How long an invocation may take to plan, build every job (verl's config classes import in tens of

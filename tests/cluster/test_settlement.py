@@ -14,6 +14,8 @@ from pdmask.registry import load_registry
 from pdmask.tracking import TrialRun, ensure_experiment, open_client
 from tests.cluster.conftest import ROOT
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 ROOT = Path(__file__).resolve().parents[2]
 EVAL = "val-core/synth/acc/mean_at_16"
 

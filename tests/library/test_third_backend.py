@@ -17,6 +17,8 @@ from pdmask.errors import BackendUnavailable, ValidationFailed
 from pdmask.registry import load_registry, plan_rows, register_backend
 from pdmask.registry.backends import BACKENDS, BackendSpec, unregister_backend
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "backends"
 SWEEP = """\

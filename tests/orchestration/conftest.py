@@ -13,19 +13,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(scope="session")
-def base_model_cache(tmp_path_factory) -> Path:
-    """One warm-start cache for the whole session: base models are per stand-in, not per test."""
-    return tmp_path_factory.mktemp("sim-cache")
-
-
 @pytest.fixture
-def project(tmp_path: Path, base_model_cache: Path) -> Path:
+def project(tmp_path: Path) -> Path:
     for name in ("recipes", "sweeps", "dashboards"):
         shutil.copytree(ROOT / name, tmp_path / name)
-    state = tmp_path / ".pdm"
-    (state / "cache").mkdir(parents=True)
-    os.symlink(base_model_cache, state / "cache" / "sim")
+    (tmp_path / ".pdm").mkdir()
     return tmp_path
 
 

@@ -16,6 +16,8 @@ from pdmask.orchestration.claims import Claim, claim_path
 HOLD = """
 import sys, time
 from pdmask.orchestration.claims import Claim
+
+pytestmark = pytest.mark.processes
 with Claim(sys.argv[1]) as ok:
     print("held" if ok else "refused", flush=True)
     time.sleep(float(sys.argv[2]))

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections import Counter
 
+import pytest
+
 from pdmask.orchestration.runner import spread_by_model
 from pdmask.registry import load_registry
+
+pytestmark = pytest.mark.processes
 
 
 def test_the_first_trials_are_of_different_models_and_none_is_lost():

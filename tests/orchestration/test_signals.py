@@ -13,6 +13,8 @@ from . import procs
 from .conftest import TWO_TRIALS, pdm, pdm_background, sweep_runs, write_sweep
 from .test_sweep_runs import _pid_files, finished_exactly_once
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 
 def _ray_started(project, proc) -> bool:
     pids = procs.descendants(proc.pid) | procs.of_project(project)

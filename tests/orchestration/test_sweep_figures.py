@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from pdmask.registry import load_registry
 
 from .conftest import pdm, store_client, sweep_runs, write_sweep
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 FIGURE = """name: {name}
 sweep: fig

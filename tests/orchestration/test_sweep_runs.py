@@ -8,10 +8,14 @@ import time
 import urllib.request
 from collections import Counter
 
+import pytest
+
 from pdmask.registry import load_registry
 
 from . import procs
 from .conftest import FOUR_TRIALS, pdm, pdm_background, sweep_runs, write_sweep
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 CONTRACT_TAGS = {
     "pdm.sweep",

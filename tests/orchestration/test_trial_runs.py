@@ -7,7 +7,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from .conftest import ONE_TRIAL, env_for, pdm, store_client, sweep_runs, write_sweep
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 STEPS = [0, 1, 2, 3, 4]  # the smoke profile: base evaluation at 0, then 4 RL steps
 

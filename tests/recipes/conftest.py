@@ -4,5 +4,3 @@ import contextlib
 
 with contextlib.suppress(ImportError):  # a job's carried recipe (the VeRL loss path); needs verl
     from tests.verl.recipe_env import carried, carry  # noqa: F401
-
-from tests.orchestration.conftest import base_model_cache  # noqa: E402,F401  (warm-start cache)

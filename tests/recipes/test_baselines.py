@@ -144,7 +144,7 @@ def test_gradient_equals_verls_own_loss(name):
 
 
 @pytest.fixture(scope="module")
-def sim_state(tmp_path_factory):
+def sim_state(model_cache):
     """A real tiny-4b base model, a real rollout with a learning signal, one minibatch."""
     from pdmask.backends.sim import SimTrialConfig
     from pdmask.backends.sim.state import TrialState, step_generator
@@ -155,7 +155,7 @@ def sim_state(tmp_path_factory):
         profile="smoke",
         base_model="stand-in",
         seed=1,
-        cache_dir=str(tmp_path_factory.mktemp("sim-cache")),
+        cache_dir=str(model_cache / "sim"),
     )
     batch = TrialState(cfg).rollout(step_generator(cfg.seed, 1, "rollout"))
     assert (batch.token_advantages != 0).any()  # something to learn

@@ -9,9 +9,9 @@ from pdmask.backends.sim.runtime import single_threaded
 
 
 @pytest.fixture(scope="session")
-def sim_cache(tmp_path_factory) -> str:
-    """A base-model cache shared by the session's tests (the smoke base model is built once)."""
-    return str(tmp_path_factory.mktemp("sim-cache"))
+def sim_cache(model_cache) -> str:
+    """The run's base-model cache (each base model is built once per test run)."""
+    return str(model_cache / "sim")
 
 
 @pytest.fixture(scope="session")

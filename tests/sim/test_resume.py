@@ -17,6 +17,8 @@ from pathlib import Path
 from pdmask.backends.sim import SimTrialConfig, train_trial
 from pdmask.registry import load_registry
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 workdir, cache, report_file, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 cfg = SimTrialConfig(stand_in="tiny-4b", precision="fp8-rollout", profile="smoke", seed=3,
                      steps=10, checkpoint_every=3, cache_dir=cache)

@@ -11,6 +11,8 @@ BUILD = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 from pdmask.backends.sim import prepare_base_model
+
+pytestmark = pytest.mark.processes
 print("PATH", prepare_base_model("tiny-4b", cache_dir=sys.argv[1], quick=True))
 """
 

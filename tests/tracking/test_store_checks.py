@@ -10,6 +10,8 @@ import pytest
 
 from .conftest import nothing_launched, pdm
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 PASSWORD = "hunter2-s3cret"
 
 

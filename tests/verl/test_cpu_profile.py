@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 pytest.importorskip("verl")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
 
 from hydra import compose, initialize_config_module  # noqa: E402
 from omegaconf import open_dict  # noqa: E402

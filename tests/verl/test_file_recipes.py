@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("verl")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
 
 import torch  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 pytest.importorskip("verl")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
 
 from pdmask.backends.verl import compat  # noqa: E402
 from pdmask.backends.verl.file_recipes import FileRecipe  # noqa: E402

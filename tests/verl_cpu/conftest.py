@@ -3,17 +3,18 @@
 These tests need the ``verl-cpu`` extra and its packaging step
 (``pip install -e '.[verl-cpu]' && python -m pdmask.backends.verl.cpu_setup``); without them they
 skip, unless ``PDM_REQUIRE_VERL_CPU=1`` (CI) turns a missing install into a failure. Each is
-marked ``verl_e2e`` (minutes, not seconds): ``pytest -m 'not verl_e2e'`` leaves them out.
+marked ``verl_e2e`` and ``slow`` (minutes, not seconds): ``pytest -m 'not verl_e2e'`` leaves them
+out.
 
-The tiny model and its task are built once per test session (``tiny_model.ensure_built``) and
-copied into each scratch project's state folder, where the job builder finds them by cache key.
+The tiny model and its task are built once per test run (``tiny_model.ensure_built``) into the
+run's model cache (``PDM_MODEL_CACHE``, tests/conftest.py), where the job builder of every
+scratch project finds them by cache key.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,18 +49,20 @@ def pytest_collection_modifyitems(config, items):
         if Path(item.fspath).parent != here:
             continue
         item.add_marker(pytest.mark.verl_e2e)
+        item.add_marker(pytest.mark.slow)
         if reason and os.environ.get("PDM_REQUIRE_VERL_CPU") != "1":
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(scope="session")
 def tiny_cache(tmp_path_factory) -> Path:
-    """The built tiny model + task folder (built once per session, in its own state folder)."""
+    """The built tiny model + task folder, in the run's model cache (built once per run)."""
     reason = missing_install()
     if reason:
         pytest.fail(f"PDM_REQUIRE_VERL_CPU=1 but {reason}")
     state = tmp_path_factory.mktemp("tiny-state")
     env = {**os.environ, "PDM_HOME": str(state), "PDM_PROJECT": str(ROOT)}
+    assert env.get("PDM_MODEL_CACHE"), "tests/conftest.py's model cache is not set"
     done = subprocess.run(
         [sys.executable, "-m", "pdmask.backends.verl.tiny_model"],
         env=env,
@@ -69,15 +72,6 @@ def tiny_cache(tmp_path_factory) -> Path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return Path(done.stdout.strip().splitlines()[-1])
-
-
-@pytest.fixture
-def cpu_project(tmp_path: Path, tiny_cache: Path) -> Path:
-    """A scratch copy of the project whose state folder already holds the tiny model."""
-    for name in ("recipes", "sweeps", "dashboards"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    shutil.copytree(tiny_cache, tmp_path / ".pdm" / "tiny" / tiny_cache.name)
-    return tmp_path
 
 
 def cpu_env(project: Path, **extra: str) -> dict[str, str]:

@@ -68,7 +68,6 @@ def _project(tmp_path_factory, tiny_cache):
     project = tmp_path_factory.mktemp("verl-smoke")
     for name in ("recipes", "sweeps", "dashboards"):
         shutil.copytree(ROOT / name, project / name)
-    shutil.copytree(tiny_cache, project / ".pdm" / "tiny" / tiny_cache.name)
     (project / "recipes" / "hard_topk_kl.py").write_text(NEW_RECIPE)
     sweep = project / "sweeps" / f"{SWEEP}.yaml"
     text = sweep.read_text()

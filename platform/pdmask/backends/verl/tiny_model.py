@@ -1,6 +1,6 @@
 """A tiny Qwen3 model made here, never downloaded: what VeRL trains in the ``verl-smoke`` sweep.
 
-Built on first use and cached in the state folder (``<state>/tiny/<key>/``), or ahead of time::
+Built on first use and cached in the model cache (``<state>/cache/tiny/<key>/``, ``paths.model_cache_dir``), or ahead of time::
 
     python -m pdmask.backends.verl.tiny_model          # prints the folder
 
@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from pdmask.backends.verl import tiny_task
-from pdmask.paths import state_dir
+from pdmask.paths import model_cache_dir
 
 # Qwen's ChatML tokens: verl's agent loop handles Qwen3 turns by ``<|im_end|>`` (and a one-token
 # newline), so the tiny model speaks ChatML like the real ones; a turn ends with ``<|im_end|>``.
@@ -69,7 +69,7 @@ def cache_key() -> str:
 
 
 def cache_folder() -> Path:
-    return state_dir() / "tiny" / f"qwen3-tiny-{cache_key()}"
+    return model_cache_dir() / "tiny" / f"qwen3-tiny-{cache_key()}"
 
 
 def built_files(folder: Path | None = None) -> dict[str, Path]:
