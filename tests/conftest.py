@@ -48,7 +48,8 @@ def model_cache(tmp_path_factory) -> Path:
         yield folder
 
 
-# The order in which the xdist workers start the modules (``--dist loadgroup`` with
+# The order in which the xdist workers start the modules (``--dist loadfile``: a module is one
+# unit, so its module-scoped fixtures, e.g. a shared sweep, run once; with
 # ``--no-loadscope-reorder``, set in pyproject.toml): longest first, measured (tests/README.md).
 # The real-VeRL sweep goes first, so one worker starts it at once and holds it alone (xdist hands
 # a worker more work only when two or fewer of its tests are pending) while the other takes the
@@ -78,16 +79,11 @@ LONGEST_FIRST = (
 TESTS = Path(__file__).parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def _module(item) -> str:
+    return Path(item.fspath).relative_to(TESTS).as_posix()
+
+
 def pytest_collection_modifyitems(config, items):
-    """One xdist group per module (its module-scoped fixtures, e.g. a shared sweep, run once),
-    and the modules in ``LONGEST_FIRST`` order."""
+    """The modules in ``LONGEST_FIRST`` order, the rest after them in collection order."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-
-    def module(item) -> str:
-        return Path(item.fspath).relative_to(TESTS).as_posix()
-
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(module(item)))
-    items.sort(key=lambda item: rank.get(module(item), len(rank)))  # stable: the rest keep order
+    items.sort(key=lambda item: rank.get(_module(item), len(rank)))

@@ -13,11 +13,11 @@ from rich.console import Console
 from pdmask.orchestration import runner
 from pdmask.orchestration.claims import Claim, claim_path
 
+pytestmark = pytest.mark.processes
+
 HOLD = """
 import sys, time
 from pdmask.orchestration.claims import Claim
-
-pytestmark = pytest.mark.processes
 with Claim(sys.argv[1]) as ok:
     print("held" if ok else "refused", flush=True)
     time.sleep(float(sys.argv[2]))

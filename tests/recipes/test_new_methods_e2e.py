@@ -14,6 +14,8 @@ import pytest
 from pdmask.registry.recipe_files import source_hash
 from tests.orchestration.conftest import pdm, sweep_runs, write_sweep
 
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
 NEW = {
     "kl_pullback.py": '''"""Top-K KL region that masks every out-of-region token not being pulled back by its update."""
 
@@ -171,8 +173,6 @@ BREAKS_IN_TRAINING = '''"""Fine on the validation batch, broken on a real miniba
 import torch
 
 from pdmask.registry import Recipe
-
-pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 
 def fragile(batch):

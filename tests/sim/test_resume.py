@@ -9,15 +9,16 @@ import subprocess
 import sys
 import time
 
+import pytest
 import torch
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 TRIAL = """
 import json, os, sys, time
 from pathlib import Path
 from pdmask.backends.sim import SimTrialConfig, train_trial
 from pdmask.registry import load_registry
-
-pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
 workdir, cache, report_file, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 cfg = SimTrialConfig(stand_in="tiny-4b", precision="fp8-rollout", profile="smoke", seed=3,

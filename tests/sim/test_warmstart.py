@@ -5,14 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from pdmask.backends.sim import prepare_base_model
+
+pytestmark = pytest.mark.processes
 
 BUILD = """
 import logging, sys
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 from pdmask.backends.sim import prepare_base_model
-
-pytestmark = pytest.mark.processes
 print("PATH", prepare_base_model("tiny-4b", cache_dir=sys.argv[1], quick=True))
 """
 
