@@ -14,6 +14,7 @@ import sys
 import threading
 
 from pdmask.backends.verl.jobs import STALL_FLOOR_SECONDS, STALL_STEPS, watchdog_bounds
+from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.backends.verl.watchdog import WATCHDOG_ENV, WATCHDOG_TAG, Bounds, JobWatchdog
 from pdmask.registry import CLUSTERS, MODELS
 
@@ -85,6 +86,10 @@ def test_bounds_follow_the_profile_and_the_models_step_time():
     tiny = watchdog_bounds(Trial, "this-machine")
     assert tiny.stall_seconds == STALL_FLOOR_SECONDS  # 3 s steps: the floor decides
     assert tiny.startup_seconds == CLUSTERS["this-machine"].job_startup_seconds < 3600
+    site = JobSettings.from_env(
+        {"PDM_VERL_STALL_SECONDS": "300", "PDM_VERL_STARTUP_SECONDS": "120"}
+    )
+    assert watchdog_bounds(Trial, "this-machine", site) == Bounds(120.0, 300.0)
 
 
 FAULT = """

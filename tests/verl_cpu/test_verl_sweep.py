@@ -3,13 +3,15 @@ included. One sweep (the expensive part: a Ray head, vLLM engines, verl jobs) fe
 
 Real: a Ray head pdmask starts on loopback, verl 0.9.1's ``main_ppo`` as Ray jobs, vLLM's CPU
 build serving rollouts through pdmask's top-K server, verl's FSDP2 engine with pdmask's logits
-hook and losses, a sqlite MLflow store, the figure. The scratch project adds one method that
-exists only as a recipe file (the job carries it to the workers) to the sweep's grid, and two
-trials meet a fault once their first step is logged (``faults.py``):
+hook and losses, a sqlite MLflow store, the figure. Three trials, each job start paid once: the
+sweep's two methods with mu from vLLM's rollout, and a method that exists only as a recipe file
+(the job carries it to the workers) with mu recomputed by the trainer, in place of the sweep's
+``pdm-agg`` recompute trial (the mu source does not depend on the method). Two trials meet a fault
+once their first step is logged (``faults.py``):
 
 - ``pdm-agg`` (mu from the rollout): its job is stopped through Ray's job API, as an operator or
   a node failure would; pdmask marks the attempt failed, resubmits it as attempt 2, verl resumes
-  from the latest checkpoint into the same MLflow run, and no metric has a step twice;
+  from a checkpoint into the same MLflow run, and every metric has every step exactly once;
 - ``dppo-topk-kl``: its vLLM engine core is SIGKILLed; the job must end within a bound (the job's
   watchdog, ``backends/verl/watchdog.py``, or verl's own error), the engine's failure named in the
   attempt's reason, and attempt 2 finishes the trial the same way.
@@ -42,7 +44,7 @@ SWEEP = "verl-smoke"
 CARRIED = "hard-topk-kl"
 STEPS = 3  # a fault lands after step 1; two more steps leave the retry something to resume
 FAULTS = {"pdm-agg": "stop", "dppo-topk-kl": "engine"}
-# The sweep's own bound: 4 trials and 2 retries, ~2-4 min each on 2 loaded cores.
+# The sweep's own bound: 3 trials and 2 retries, ~2-5 min each on 2 loaded cores.
 SWEEP_TIMEOUT_S = 2400
 # A job whose engine died ends within the watchdog's poll (10 s) plus a server round trip and
 # Ray's job teardown; verl's own error, when it comes first, is faster still.
@@ -73,8 +75,10 @@ def _project(tmp_path_factory, tiny_cache):
     text = sweep.read_text()
     for old, new in (
         (
-            "    - method: [dppo-topk-kl, pdm-agg]\n",
-            f"    - method: [dppo-topk-kl, pdm-agg, {CARRIED}]\n",
+            "    - method: [pdm-agg]\n      model: [qwen3-tiny]\n      precision: [bf16]\n"
+            "      delta: [0.15]\n      mu_source: [recompute]\n",
+            f"    - method: [{CARRIED}]\n      model: [qwen3-tiny]\n      precision: [bf16]\n"
+            "      delta: [0.15]\n      mu_source: [recompute]\n",
         ),
         ("\nsteps: 2\n", f"\nsteps: {STEPS}\n"),
         ("\nretries: 1\n", "\nretries: 1\n"),
@@ -146,14 +150,13 @@ def test_every_trial_finishes_with_one_run_and_the_figure(smoke):
     runs = _runs(smoke)
     assert sorted(runs) == [
         ("dppo-topk-kl", "rollout"),
-        (CARRIED, "rollout"),
-        ("pdm-agg", "recompute"),
+        (CARRIED, "recompute"),
         ("pdm-agg", "rollout"),
     ]
     assert all(r.info.status == "FINISHED" for r in runs.values())
     figure = smoke["project"] / ".pdm" / "figures" / SWEEP / SWEEP / f"{SWEEP}.png"
     assert figure.exists(), out[-3000:]
-    print(f"{SWEEP}: {smoke['seconds']:.0f} s for 4 trials and 2 retries")
+    print(f"{SWEEP}: {smoke['seconds']:.0f} s for 3 trials and 2 retries")
 
 
 def test_each_trial_trained_something_and_logged_every_step_once(smoke):

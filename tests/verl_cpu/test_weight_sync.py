@@ -77,7 +77,8 @@ def test_synced_weights_reach_the_engine_on_every_gemm_path(
     assert "error" not in record, record["error"]
     assert record["engine_paths"] == [path], "the dispatch was not steered to the path"
     if path == machine_path:
-        assert record["kernels"] == "vLLM's", "this machine's own path must run vLLM's kernels"
+        # this machine's own path runs its real kernels (vLLM's, or torch's on the torch path)
+        assert not record["kernels"].startswith("stand-in"), record["kernels"]
 
     before_err = _max_diff(record["before"], record["old"])
     synced_new = _max_diff(record["synced"], record["new"])

@@ -61,6 +61,7 @@ HOOKS: dict[str, tuple[str, ...]] = {
         "verl.trainer.ppo.v1.trainer_sync:PPOTrainerSync.on_step_end",
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer.on_validate_end",
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer.init",
+        "verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint",
         "verl.workers.rollout.llm_server:LLMServerManager.get_replicas",
         "verl.trainer.ppo.utils:Role.ActorRollout",
     ),

@@ -138,6 +138,42 @@ class SkipLoggedSteps:
         return getattr(self.adapter, name)
 
 
+STEP_METRIC = "training/global_step"  # verl logs it with every training step
+
+
+def _job_run():
+    """(client, run id) of the job's pre-created run, or None outside such a job."""
+    run_id = os.environ.get("MLFLOW_RUN_ID")
+    if not run_id:
+        return None
+    import mlflow
+
+    return mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI")), run_id
+
+
+def last_logged_step() -> int | None:
+    """The last training step the job's run holds (0: none yet); None when unknown (no run, or
+    the store cannot be read: verl's own resume choice then stands)."""
+    job = _job_run()
+    if job is None:
+        return None
+    client, run_id = job
+    try:
+        history = client.get_metric_history(run_id, STEP_METRIC)
+    except Exception:
+        return None
+    return max((m.step for m in history), default=0)
+
+
+def tag_run(tags: dict[str, str]) -> None:
+    """Tags on the job's pre-created run (nothing outside such a job)."""
+    job = _job_run()
+    if job is not None:
+        client, run_id = job
+        for key, value in tags.items():
+            client.set_tag(run_id, key, value)
+
+
 def mark_failed(reason: str, extra_tags: dict[str, str] | None = None) -> None:
     """FAILED with the reason: the active run, else the pre-created ``MLFLOW_RUN_ID``, else nothing."""
     import mlflow
@@ -150,9 +186,9 @@ def mark_failed(reason: str, extra_tags: dict[str, str] | None = None) -> None:
         mlflow.set_tags(tags)
         mlflow.end_run(status="FAILED")
         return
-    run_id = os.environ.get("MLFLOW_RUN_ID")
-    if run_id:
-        client = mlflow.MlflowClient(os.environ.get("MLFLOW_TRACKING_URI"))
+    job = _job_run()
+    if job is not None:
+        client, run_id = job
         for key, value in tags.items():
             client.set_tag(run_id, key, value)
         client.set_terminated(run_id, status="FAILED")

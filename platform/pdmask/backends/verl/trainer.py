@@ -4,7 +4,8 @@
 - pdmask's actor worker (loss + logits hook) in place of verl's;
 - the old-policy pass marker when mu is recomputed by the trainer (``pdm_mu_source=recompute``);
 - MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure;
-- the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound.
+- the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound;
+- a retry resumes from the newest checkpoint whose steps are all logged (``resume.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from pdmask.backends.verl import compat, tracking, watchdog
+from pdmask.backends.verl import compat, resume, tracking, watchdog
 from pdmask.backends.verl.checks import TRAINER_NAME, check_job_config
 from pdmask.backends.verl.loss_names import method_for_loss_mode
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY
@@ -59,6 +60,24 @@ class PDMTrainerSync(PPOTrainerSync):
             super().fit(agent_loop_manager)
         if self._watchdog is not None:
             self._watchdog.stop()
+
+    def _load_checkpoint(self):
+        trainer = self.config.trainer
+        if trainer.resume_mode == "auto":
+            last = tracking.last_logged_step()
+            folder, unlogged = (
+                resume.resume_point(trainer.default_local_dir, last)
+                if last is not None
+                else (None, [])
+            )
+            if folder:
+                print(f"pdmask: resuming from {folder}, the last step logged in MLflow", flush=True)
+                with open_dict(self.config):
+                    trainer.resume_mode = "resume_path"
+                    trainer.resume_from_path = folder
+            elif unlogged:
+                tracking.tag_run({"pdm.verl.unlogged_steps": ",".join(map(str, unlogged))})
+        super()._load_checkpoint()
 
     def _beat(self, what: str) -> None:
         if self._watchdog is not None:
