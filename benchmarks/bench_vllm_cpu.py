@@ -1,6 +1,7 @@
 """What keeping vLLM's CPU linear weights loadable costs: rollout speed, sync time and memory.
 
-    python benchmarks/bench_vllm_cpu.py [--size tiny|small] [--prompts 256] [--tokens 8]
+    python benchmarks/bench_vllm_cpu.py [--size tiny|small] [--dtype bfloat16|float32]
+                                        [--prompts 256] [--tokens 8]
 
 pdmask dispatches vLLM's CPU linear layers with ``remove_weight=False`` so that verl can sync
 weights into them (``platform/pdmask/backends/verl/vllm_cpu_gemm.py``). Each mode runs in its own
@@ -16,7 +17,9 @@ process (vLLM pins threads and keeps engine state per process), side by side on 
 Printed per mode: the GEMM path, rollout seconds (best of 3: ``--prompts`` prompts x ``--tokens``
 tokens with 20 log-probs), the sync's seconds, peak RSS, and rollout ratios against ``vllm``.
 ``tiny`` is the verl-smoke model (0.36 M parameters); ``small`` a random Qwen3 of ~110 M
-(hidden 1024, 8 layers), where GEMM speed matters more.
+(hidden 1024, 8 layers), where GEMM speed matters more. ``--dtype`` picks the engine's dtype: the
+GEMM path vLLM picks depends on it and on the CPU (``python -m pdmask.backends.verl.cpu_setup``
+prints both), e.g. an AVX2-only CPU runs bf16 on torch's linear and fp32 on oneDNN.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ def _model(size: str, folder: Path) -> Path:
     return out
 
 
-def _run_mode(mode: str, model: str, prompts: int, tokens: int) -> dict:
+def _run_mode(mode: str, model: str, dtype: str, prompts: int, tokens: int) -> dict:
     import resource
     import time
 
@@ -65,6 +68,7 @@ def _run_mode(mode: str, model: str, prompts: int, tokens: int) -> dict:
     from vllm.model_executor.layers.linear import UnquantizedLinearMethod
 
     from pdmask.backends.verl import cpu_platform
+    from pdmask.backends.verl.cpu_profile import VLLM_CPU_KV_CACHE_BYTES
     from pdmask.backends.verl.vllm_cpu_gemm import keep_loadable_weights
 
     cpu_platform.register()
@@ -80,8 +84,8 @@ def _run_mode(mode: str, model: str, prompts: int, tokens: int) -> dict:
         UnquantizedLinearMethod.process_weights_after_loading = skip
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, dtype="bfloat16", enforce_eager=True, max_model_len=64,
-              max_logprobs=20, seed=0, kv_cache_memory_bytes=256 * 2**20,
+    llm = LLM(model=model, dtype=dtype, enforce_eager=True, max_model_len=64,
+              max_logprobs=20, seed=0, kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES,
               worker_extension_cls="verl.workers.rollout.vllm_rollout.utils."
               "vLLMColocateWorkerExtension")  # fmt: skip
     paths = llm.apply_model(_linear_paths)[0]
@@ -142,20 +146,21 @@ def _sync(llm, model: str) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--prompts", type=int, default=256)
     parser.add_argument("--tokens", type=int, default=8)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)  # one child process
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mode:
-        print(json.dumps(_run_mode(args.mode, args.model, args.prompts, args.tokens)))
+        print(json.dumps(_run_mode(args.mode, args.model, args.dtype, args.prompts, args.tokens)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         model = _model(args.size, Path(tmp))
         results = []
         for mode in MODES:
             done = subprocess.run(
-                [sys.executable, __file__, "--mode", mode, "--model", str(model),
+                [sys.executable, __file__, "--mode", mode, "--model", str(model), "--dtype", args.dtype,
                  "--prompts", str(args.prompts), "--tokens", str(args.tokens)],
                 capture_output=True, text=True, timeout=1800,
             )  # fmt: skip
@@ -164,7 +169,7 @@ def main() -> int:
                 return 1
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     base = results[0]["rollout_s"]
-    print(f"vLLM CPU, {args.size} model, {args.prompts} prompts x {args.tokens} tokens, "
+    print(f"vLLM CPU, {args.size} model in {args.dtype}, {args.prompts} prompts x {args.tokens} tokens, "
           f"20 log-probs; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     for r in results:
         sync = f"{r['sync_s']:.2f} s" if "sync_s" in r else "n/a (fails: weight removed)"

@@ -13,6 +13,7 @@ run, keyed by the hash of what shapes it, instead of once per test project.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,12 @@ THREADS_ENV = "PDM_TEST_TORCH_THREADS"
 
 
 def pytest_configure(config) -> None:
+    # Tests send Ctrl-C (SIGINT) to the pdm processes they start. A suite launched as a background
+    # job (`cmd &` in a script, nohup) inherits SIGINT ignored, every child with it, and Python
+    # then installs no KeyboardInterrupt handler: a handler here (reset to the default on exec)
+    # gives the children a SIGINT that works, however the suite was started.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     threads = os.environ.get(THREADS_ENV)
     if threads:
         import torch

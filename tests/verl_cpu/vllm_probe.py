@@ -42,12 +42,13 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     from pdmask.backends.verl import tiny_task
+    from pdmask.backends.verl.cpu_profile import VLLM_CPU_KV_CACHE_BYTES
 
     llm = LLM(
         model=model,
         dtype="float32",
         enforce_eager=True,
-        gpu_memory_utilization=0.05,
+        kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES,
         max_model_len=64,
         max_logprobs=k,
         logprobs_mode="processed_logprobs",  # as verl starts it: after temperature / top-p

