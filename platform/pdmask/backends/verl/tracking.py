@@ -109,11 +109,12 @@ def logged_steps(run_id: str) -> dict[str, int]:
     import mlflow
 
     client = mlflow.MlflowClient()
-    keys = client.get_run(run_id).data.metrics
-    return {
-        key: max((m.step for m in client.get_metric_history(run_id, key)), default=-1)
-        for key in keys
-    }
+    return {key: _last_step(client, run_id, key) for key in client.get_run(run_id).data.metrics}
+
+
+def _last_step(client, run_id: str, key: str) -> int:
+    """The last step of one metric of the run (-1: none)."""
+    return max((m.step for m in client.get_metric_history(run_id, key)), default=-1)
 
 
 class SkipLoggedSteps:
@@ -159,10 +160,9 @@ def last_logged_step() -> int | None:
         return None
     client, run_id = job
     try:
-        history = client.get_metric_history(run_id, STEP_METRIC)
+        return max(_last_step(client, run_id, STEP_METRIC), 0)
     except Exception:
         return None
-    return max((m.step for m in history), default=0)
 
 
 def tag_run(tags: dict[str, str]) -> None:

@@ -63,13 +63,9 @@ class PDMTrainerSync(PPOTrainerSync):
 
     def _load_checkpoint(self):
         trainer = self.config.trainer
-        if trainer.resume_mode == "auto":
-            last = tracking.last_logged_step()
-            folder, unlogged = (
-                resume.resume_point(trainer.default_local_dir, last)
-                if last is not None
-                else (None, [])
-            )
+        # Only verl's own choice is refined; an unknown last step (no run, store unreadable) keeps it.
+        if trainer.resume_mode == "auto" and (last := tracking.last_logged_step()) is not None:
+            folder, unlogged = resume.resume_point(trainer.default_local_dir, last)
             if folder:
                 print(f"pdmask: resuming from {folder}, the last step logged in MLflow", flush=True)
                 with open_dict(self.config):
