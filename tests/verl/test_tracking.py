@@ -147,6 +147,24 @@ def test_silently_disabled_mlflow_is_refused(store):
     }
 
 
+def test_a_retry_whose_config_changed_names_the_params_mlflow_refused(store, monkeypatch):
+    uri, client, experiment_id = store
+    run_id = client.create_run(experiment_id, run_name="trial-4").info.run_id
+    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
+        monkeypatch.setenv(key, value)
+    config = job_config()
+    start_verl_tracking(config)  # attempt 1 logs its params
+    mlflow.end_run(status="FAILED")
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+    config.trainer.experiment_name = "trial-4-changed"  # the retry's config differs
+    monkeypatch.setattr("verl.utils.tracking.MLFLOW_SLEEP_SECONDS", 0)
+    second = start_verl_tracking(config)
+    assert "mlflow" not in second.logger  # verl gave up on MLflow, silently
+    with pytest.raises(TrackingError) as err:
+        tracking.start_of_training(config, second)
+    assert "trainer/experiment_name: 'trial-1' -> 'trial-4-changed'" in str(err.value)
+
+
 def test_a_retried_job_never_logs_a_step_twice(store, monkeypatch):
     """Attempt 2 resumes from the checkpoint at step 1 and verl logs steps 2-3 again."""
     uri, client, experiment_id = store

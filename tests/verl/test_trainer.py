@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest.importorskip("verl")
 pytestmark = pytest.mark.verl
 
 from hydra import compose, initialize_config_module  # noqa: E402
-from omegaconf import open_dict  # noqa: E402
+from omegaconf import OmegaConf, open_dict  # noqa: E402
 from verl.single_controller.base.decorator import MAGIC_ATTR  # noqa: E402
 from verl.trainer.ppo.v1 import get_trainer_cls  # noqa: E402
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync  # noqa: E402
@@ -75,3 +77,75 @@ def test_worker_methods_keep_verls_dispatch(method):
         )
     else:
         assert ours["dispatch_mode"] == base["dispatch_mode"]
+
+
+def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(composer, carry, tmp_path):
+    """verl's v1 trainer loads the checkpoint in init() and logs the config as MLflow params in
+    fit(): a retry that resumes from an older checkpoint than verl would pick must not change the
+    logged config, or MLflow refuses the params and verl trains without it (seen in CI: the
+    engine-killed trial's retry died with "verl's MLflow backend did not start")."""
+    import mlflow
+    from verl.utils.tracking import Tracking
+
+    from pdmask.backends.verl import tracking
+    from pdmask.backends.verl.overrides import job_env
+    from pdmask.backends.verl.trainer import PDMTrainerSync
+
+    carry("pdm-agg", delta=0.15)
+    config = composer(verl_overrides("pdm-agg", 0.15, precision="bf16", **TRIAL))
+    checkpoints = tmp_path / "checkpoints"
+    with open_dict(config):
+        config.trainer.default_local_dir = str(checkpoints)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment(config.trainer.project_name, (tmp_path / "a").as_uri())
+    run_id = client.create_run(experiment, run_name="t").info.run_id
+    env = job_env(tracking_uri=uri, run_id=run_id)
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+
+    def verl_tracking():
+        return Tracking(
+            project_name=config.trainer.project_name,
+            experiment_name=config.trainer.experiment_name,
+            default_backend=config.trainer.logger,
+            config=OmegaConf.to_container(config, resolve=True),
+        )
+
+    class Loads:  # the actor worker group and the dataloader: what was loaded
+        def __init__(self):
+            self.paths = []
+
+        def load_checkpoint(self, local_path, del_local_after_load):
+            self.paths.append(local_path)
+
+    try:
+        first = verl_tracking()  # attempt 1: params logged, step 1 logged, died in step 2
+        first.log({tracking.STEP_METRIC: 1.0}, step=1)
+        mlflow.end_run(status="FAILED")
+        os.environ["MLFLOW_RUN_ID"] = run_id  # end_run unset it; the retry's env has it
+        for step in (1, 2):
+            (checkpoints / f"global_step_{step}" / "actor").mkdir(parents=True)
+        (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
+
+        retry = PDMTrainerSync.__new__(PDMTrainerSync)  # only what _load_checkpoint reads
+        retry.config, retry.actor_rollout_wg = config, Loads()
+        retry.use_critic, retry.trainer_mode, retry.train_dataloader = False, "sync", None
+        retry._load_checkpoint()
+        assert retry.actor_rollout_wg.paths == [str(checkpoints / "global_step_1" / "actor")]
+        assert retry.global_steps == 1
+        assert (config.trainer.resume_mode, config.trainer.resume_from_path) == ("auto", None)
+
+        second = verl_tracking()  # the retry's fit()
+        assert "mlflow" in second.logger and mlflow.active_run().info.run_id == run_id
+        tracking.start_of_training(config, second)
+        tags = client.get_run(run_id).data.tags
+        assert tags["pdm.verl.resumed_from"] == str(checkpoints / "global_step_1")
+    finally:
+        while mlflow.active_run():
+            mlflow.end_run()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -62,6 +62,8 @@ HOOKS: dict[str, tuple[str, ...]] = {
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer.on_validate_end",
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer.init",
         "verl.trainer.ppo.v1.trainer_base:PPOTrainer._load_checkpoint",
+        # the params verl logs, compared with the run's when its MLflow start-up failed
+        "verl.utils.tracking:_compute_mlflow_params_from_objects(params)",
         "verl.workers.rollout.llm_server:LLMServerManager.get_replicas",
         "verl.trainer.ppo.utils:Role.ActorRollout",
     ),

@@ -90,9 +90,15 @@ def start_of_training(config, tracking) -> None:
     if not uses_mlflow(config):
         return
     if "mlflow" not in getattr(tracking, "logger", {}):
+        conflicts = param_conflicts(config)
         raise TrackingError(
-            "verl's MLflow backend did not start (see the warnings above: with MLFLOW_RUN_ID, a param "
-            "already on that run with another value disables it); refusing to train unrecorded"
+            "verl's MLflow backend did not start; refusing to train unrecorded. "
+            + (
+                f"The run already holds other values of the params {', '.join(conflicts)}"
+                " (MLflow refuses to change a param)"
+                if conflicts
+                else "See verl's warnings above"
+            )
         )
     import mlflow
 
@@ -102,6 +108,28 @@ def start_of_training(config, tracking) -> None:
     if not isinstance(adapter, SkipLoggedSteps):
         run_id = mlflow.active_run().info.run_id
         tracking.logger["mlflow"] = SkipLoggedSteps(adapter, logged_steps(run_id))
+
+
+def param_conflicts(config, limit: int = 8) -> list[str]:
+    """The params verl logs for ``config`` that the job's pre-created run holds with another
+    value, as ``key: run's -> job's`` (empty outside such a job or when the store is unreadable)."""
+    job = _job_run()
+    if job is None:
+        return []
+    from verl.utils.tracking import _compute_mlflow_params_from_objects  # what verl logs
+
+    client, run_id = job
+    try:
+        held = client.get_run(run_id).data.params
+    except Exception:
+        return []
+    ours = _compute_mlflow_params_from_objects(OmegaConf.to_container(config, resolve=True))
+    differ = [
+        f"{key}: {held[key]!r} -> {str(value)!r}"
+        for key, value in ours.items()
+        if key in held and held[key] != str(value)
+    ]
+    return differ[:limit]
 
 
 def logged_steps(run_id: str) -> dict[str, int]:

@@ -64,16 +64,26 @@ class PDMTrainerSync(PPOTrainerSync):
     def _load_checkpoint(self):
         trainer = self.config.trainer
         # Only verl's own choice is refined; an unknown last step (no run, store unreadable) keeps it.
-        if trainer.resume_mode == "auto" and (last := tracking.last_logged_step()) is not None:
-            folder, unlogged = resume.resume_point(trainer.default_local_dir, last)
-            if folder:
-                print(f"pdmask: resuming from {folder}, the last step logged in MLflow", flush=True)
-                with open_dict(self.config):
-                    trainer.resume_mode = "resume_path"
-                    trainer.resume_from_path = folder
-            elif unlogged:
-                tracking.tag_run({"pdm.verl.unlogged_steps": ",".join(map(str, unlogged))})
-        super()._load_checkpoint()
+        if trainer.resume_mode != "auto" or (last := tracking.last_logged_step()) is None:
+            return super()._load_checkpoint()
+        folder, unlogged = resume.resume_point(trainer.default_local_dir, last)
+        if unlogged:
+            tracking.tag_run({"pdm.verl.unlogged_steps": ",".join(map(str, unlogged))})
+        if not folder:
+            return super()._load_checkpoint()
+        print(f"pdmask: resuming from {folder}, the last step logged in MLflow", flush=True)
+        tracking.tag_run({"pdm.verl.resumed_from": folder})
+        # verl's v1 trainer loads the checkpoint in init() and logs the config as MLflow params
+        # later, in fit(): the config must be the first attempt's again by then, or the retry's
+        # params differ from the run's and verl silently drops MLflow (start_of_training refuses).
+        first_attempts = trainer.resume_mode, trainer.get("resume_from_path")
+        with open_dict(self.config):
+            trainer.resume_mode, trainer.resume_from_path = "resume_path", folder
+        try:
+            super()._load_checkpoint()
+        finally:
+            with open_dict(self.config):
+                trainer.resume_mode, trainer.resume_from_path = first_attempts
 
     def _beat(self, what: str) -> None:
         if self._watchdog is not None:
