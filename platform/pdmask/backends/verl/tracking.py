@@ -216,9 +216,8 @@ def mark_failed(reason: str, extra_tags: dict[str, str] | None = None) -> None:
         return
     job = _job_run()
     if job is not None:
+        tag_run(tags)
         client, run_id = job
-        for key, value in tags.items():
-            client.set_tag(run_id, key, value)
         client.set_terminated(run_id, status="FAILED")
 
 
