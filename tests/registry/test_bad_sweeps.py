@@ -48,6 +48,14 @@ BAD = {
         f"{HEAD}seeds: [1, -1, 1]\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(3, "seeds", ">= 0")],
     ),
+    "seed-beyond-32-bits": (  # passed validation and the dry run, failed at training (x3)
+        f"{HEAD}seeds: [1, 4294967296, 18446744073709551616]\ngrid: {{method: [pdm-agg], {CELL}}}\n",
+        [(3, "seeds", "at most 4294967295")],
+    ),
+    "seed-count-beyond-32-bits": (
+        f"{HEAD}seeds: 4294967297\nmax_trials: 1\ngrid: {{method: [pdm-agg], {CELL}}}\n",
+        [(3, "seeds", "beyond 4294967295")],
+    ),
     "duplicate-key": (
         f"{HEAD}seeds: 1\nseeds: 3\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(4, "seeds", "duplicate key")],

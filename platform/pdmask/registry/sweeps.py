@@ -45,6 +45,9 @@ SWEEP_SUFFIXES = (".yaml", ".yml")
 # A grid larger than this is refused unless confirmed (the sweep's `max_trials`, or the
 # `--max-trials` flag): at about 30 s per embedded trial, 1,000 trials are eight hours on two
 # cores, and a typo in a grid (one more axis, a long delta list) multiplies the count silently.
+# The largest seed every trainer accepts: numpy's legacy seeding (vLLM seeds it with the
+# trial's seed) takes 32 bits, torch's 64. A larger seed passed every check and failed at training.
+MAX_SEED = 2**32 - 1
 DEFAULT_MAX_TRIALS = 1000
 
 
@@ -174,7 +177,8 @@ class Sweep(BaseModel):
     )
     seeds: list[StrictInt] | StrictInt = Field(
         2,
-        description="Seeds: a list of distinct seeds >= 0, or a count n >= 1 for seeds 0..n-1.",
+        description=f"Seeds: a list of distinct seeds in 0..{MAX_SEED}, or a count n >= 1 for "
+        "seeds 0..n-1.",
     )
     grid: dict[str, Any] | None = Field(
         None, description="The grid of axes (see the module docstring)."
@@ -203,11 +207,18 @@ class Sweep(BaseModel):
         if isinstance(value, int):
             if value < 1:
                 raise ValueError(f"a seed count must be at least 1, got {value} (no trials)")
+            if value - 1 > MAX_SEED:
+                raise ValueError(f"a seed count of {value} gives seeds beyond {MAX_SEED}")
             return value
         if not value:
             raise ValueError("an empty seed list gives no trials")
         if any(s < 0 for s in value):
             raise ValueError(f"seeds must be >= 0, got {value}")
+        if any(s > MAX_SEED for s in value):
+            raise ValueError(
+                f"seeds must be at most {MAX_SEED} (numpy's seeding, which vLLM uses, takes "
+                f"32 bits; torch's 64), got {[s for s in value if s > MAX_SEED]}"
+            )
         if len(set(value)) != len(value):
             raise ValueError(f"seeds repeat: {value}")
         return value
