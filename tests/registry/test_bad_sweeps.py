@@ -56,6 +56,15 @@ BAD = {
         f"{HEAD}seeds: 4294967297\nmax_trials: 1\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(3, "seeds", "beyond 4294967295")],
     ),
+    "duplicate-axis-value": (  # collapsed silently into one trial
+        f"{HEAD}grid: {{method: [pdm-agg, dppo-topk-kl, pdm-agg], {CELL}, delta: [0.15, 0.150]}}\n",
+        [(3, "grid.method.2", "repeats 'pdm-agg' (item 0)"), (3, "grid.delta.1", "repeats 0.15")],
+    ),
+    "zip-bad-value": (  # a refused value used to shift the zip's pairs (IndexError)
+        f"{HEAD}grid: {{product: [{{zip: {{method: [pdm-agg, pdm-agg], delta: [0.15, .nan]}}}},"
+        f" {{{CELL}}}]}}\n",
+        [(3, "grid.product.0.zip.delta.1", "not a finite")],
+    ),
     "duplicate-key": (
         f"{HEAD}seeds: 1\nseeds: 3\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(4, "seeds", "duplicate key")],

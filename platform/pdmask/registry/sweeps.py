@@ -306,9 +306,12 @@ def iter_cells(
             )
             return
         good = [a for a in axes if _axis_ok(a, (*path, "zip", a), problems, src)]
-        columns = {a: _checked_values(axes[a], (*path, "zip", a), problems, src) for a in good}
-        if any(not c for c in columns.values()):
-            return
+        columns = {
+            a: _checked_values(axes[a], (*path, "zip", a), problems, src, distinct=False)
+            for a in good
+        }
+        if any(len(c) != len(axes[a]) for a, c in columns.items()):
+            return  # a refused value (reported) would shift the zip's pairs
         for i in range(next(iter(lengths.values()))):
             yield {a: columns[a][i] for a in good}
         return
@@ -326,10 +329,11 @@ def iter_cells(
 
 
 def _checked_values(
-    values: Any, path: FieldPath, problems: list[Problem], src: YamlSource
+    values: Any, path: FieldPath, problems: list[Problem], src: YamlSource, distinct: bool = True
 ) -> list[tuple[Any, FieldPath]]:
     """An axis's usable (value, path) pairs; each unusable value is a problem (and is left out,
-    so the cells of the others still show their own problems)."""
+    so the cells of the others still show their own problems). ``distinct``: a repeated value
+    is a problem too (a product's axis; a zip's columns pair values up and may repeat)."""
     if not isinstance(values, list):
         values, paths = [values], [path]
     else:
@@ -337,12 +341,18 @@ def _checked_values(
     if not values:
         problems.append(src.problem(path, "an empty list gives no trials; list at least one value"))
         return []
-    good = []
-    for value, where in zip(values, paths, strict=True):
+    good: list[tuple[Any, FieldPath]] = []
+    first: dict[Any, int] = {}
+    for item, (value, where) in enumerate(zip(values, paths, strict=True)):
         message = value_problem(value)
         if message:
             problems.append(src.problem(where, message))
+        elif distinct and value in first:  # the grid plans it once: the author listed it twice
+            problems.append(
+                src.problem(where, f"repeats {value!r} (item {first[value]}): list it once")
+            )
         else:
+            first[value] = item
             good.append((value, where))
     return good
 
