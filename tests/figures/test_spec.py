@@ -133,3 +133,15 @@ def test_control_series_are_checked_with_the_rest(tmp_path):
     with pytest.raises(ValidationFailed) as info:
         load_spec(path)
     assert {p.field for p in info.value.problems} == {"controls.0.key", "controls.1.linestyle"}
+
+
+def test_a_figure_name_never_reads_outside_dashboards(tmp_path):
+    (tmp_path / "dashboards").mkdir()
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "smoke.yaml").write_text("name: smoke\n")
+    for name in ("../sweeps/smoke", "sub/figure-1", "..", "."):
+        with pytest.raises(ConfigError, match="no folders in a name"):
+            load_spec(name, tmp_path / "dashboards")
+    with pytest.raises(ConfigError, match="no figure spec named 'figure-9'"):
+        load_spec("figure-9", tmp_path / "dashboards")
+    assert load_spec(DASHBOARDS / "figure-1.yaml").name == "figure-1"  # a path still works

@@ -71,3 +71,10 @@ def test_ordinary_aliases_still_work_and_another_sweep_still_plans(project):
     assert plan.returncode == 0, plan.stdout + plan.stderr
     refused = pdm("sweep", "bomb", "--dry-run", project=project)
     assert refused.returncode == 2 and "bomb.yaml" in refused.stdout + refused.stderr
+
+
+def test_a_dangling_link_in_sweeps_is_a_problem_not_a_missing_sweep(project):
+    (project / "sweeps" / "gone.yaml").symlink_to(project / "elsewhere" / "gone.yaml")
+    registry, problem = _problem(project, "gone")
+    assert "missing" in problem.message and "elsewhere" in problem.message
+    assert "smoke" in registry.sweeps

@@ -325,6 +325,12 @@ def spec_path(name_or_path: str | Path, directory: Path | None = None) -> Path:
     if candidate.suffix in SPEC_SUFFIXES and candidate.is_file():
         return candidate
     directory = directory or dashboards_dir()
+    if candidate.name != str(name_or_path) or candidate.name in ("", ".", ".."):
+        # a name is looked up in dashboards/ only; `../sweeps/smoke` would read another folder
+        raise ConfigError(
+            f"{str(name_or_path)!r} is neither a figure name of dashboards/ (no folders in a "
+            f"name) nor a path to a spec file ending in {' or '.join(SPEC_SUFFIXES)}"
+        )
     for suffix in SPEC_SUFFIXES:
         path = directory / f"{name_or_path}{suffix}"
         if path.is_file():

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -437,7 +438,12 @@ def discover_sweeps(
     problems: list[Problem] = []
     if not folder.is_dir():
         return sweeps, [Problem(str(folder), "(folder)", "sweeps folder not found")]
-    paths = sorted(p for p in folder.iterdir() if p.suffix in SWEEP_SUFFIXES and p.is_file())
+    listed = sorted(p for p in folder.iterdir() if p.suffix in SWEEP_SUFFIXES)
+    paths = [p for p in listed if p.is_file()]
+    for path in listed:
+        if path.is_symlink() and not path.exists():  # skipped silently, its sweep seemed gone
+            target = os.readlink(path)
+            problems.append(Problem(str(path), "(file)", f"a link to {target!r}, which is missing"))
     by_stem: dict[str, list[Path]] = {}
     for path in paths:
         by_stem.setdefault(path.stem, []).append(path)
