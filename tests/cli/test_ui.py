@@ -188,3 +188,29 @@ def test_ui_links_the_sweeps_runs_table(project, store):
         assert not missing, (missing, page[-3000:])
     finally:
         _stop_and_check_nothing_left(proc, procs, signal.SIGINT)
+
+
+def test_a_busy_port_is_refused_before_any_server_starts(project, store):
+    """A second `pdm ui` on a taken port used to print links served by the other process (its
+    store, not this one) and then exit 1 without a word."""
+    import socket
+
+    with socket.socket() as other:  # whoever holds the port: another UI, any server
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        proc = pdm_process(
+            "ui",
+            "--port",
+            str(port),
+            env={"PDM_PROJECT": str(project), "PDM_HOME": str(project / ".pdm")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=project,
+        )
+        out = proc.communicate(timeout=START_S)[0]
+    assert proc.returncode == 2, out
+    assert f"port {port} on 127.0.0.1 is in use" in out and "--port 0" in out, out
+    assert "MLflow UI:" not in out and "Traceback" not in out, out
+    log = project / ".pdm" / "ui" / "mlflow-server.log"
+    assert not log.exists() or "Listening" not in log.read_text(), "a server was started"

@@ -7,6 +7,7 @@ whether it is stopped by Ctrl-C, SIGTERM or SIGKILL.
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from typing import Annotated
 
@@ -54,7 +55,7 @@ def ui(
     """Serve the MLflow UI on 127.0.0.1 over the project's runs."""
     from pdmask.errors import ConfigError
     from pdmask.tracking.store import open_client, resolve_tracking_uri
-    from pdmask.tracking.ui import runs_table_url, start_ui, stop_ui
+    from pdmask.tracking.ui import LOOPBACK, runs_table_url, server_log, start_ui, stop_ui
 
     uri = resolve_tracking_uri(tracking_uri)
     client = open_client(uri)
@@ -64,6 +65,14 @@ def ui(
         experiments = [e for e in experiments if e.name == sweep]
         if not experiments:
             raise ConfigError(f"sweep {sweep!r} has no runs in {uri}; sweeps with runs: {known}")
+    if host not in (LOOPBACK, "localhost", "::1"):
+        print(
+            f"warning: --host {host} serves the whole store (runs, params, artifacts) and MLflow's "
+            "REST API, which can write and delete, to anyone who reaches this port, without "
+            "authentication. Prefer an SSH tunnel to 127.0.0.1 (ssh -L).",
+            file=sys.stderr,
+            flush=True,
+        )
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_stop)
     proc = None
@@ -74,6 +83,11 @@ def ui(
             print(f"  {exp.name}: {runs_table_url(url, exp.experiment_id)}", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
+        print(
+            f"the MLflow UI stopped by itself (exit {proc.returncode}); its log: {server_log()}",
+            file=sys.stderr,
+            flush=True,
+        )
         raise typer.Exit(proc.returncode or 1)
     except (KeyboardInterrupt, _Stop):
         print("stopping the UI", flush=True)

@@ -17,6 +17,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pdmask.errors import ConfigError
 from pdmask.paths import default_artifact_root, state_dir
 from pdmask.tracking.store import open_client, resolve_tracking_uri
 
@@ -31,6 +32,21 @@ def free_port(host: str = LOOPBACK) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def require_free_port(host: str, port: int) -> None:
+    """ConfigError when ``port`` on ``host`` is taken: the server would fail to bind while the
+    other server's ``/health`` answered for it, and its links would show another store."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        # as the server binds: a port left in TIME_WAIT by a stopped server is free
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError(
+                f"port {port} on {host} is in use ({err.strerror}; another `pdm ui`?): choose "
+                "another with --port, or --port 0 for any free one"
+            ) from None
 
 
 def runs_table_url(ui_url: str, experiment_id: str) -> str:
@@ -53,6 +69,8 @@ def start_ui(
     """
     uri = resolve_tracking_uri(uri)
     open_client(uri)  # fail with a clear message before starting a server on a bad store
+    if port:
+        require_free_port(host, port)
     port = port or free_port(host)
     server = [
         sys.executable,
@@ -98,7 +116,8 @@ def _wait_until_serving(proc: subprocess.Popen, url: str, log_path: Path) -> Non
             raise RuntimeError(f"mlflow server exited with code {proc.returncode}:\n{tail}")
         try:
             with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                if resp.status == 200:
+                # the answer must be our server's: alive after it (one that failed to bind exits)
+                if resp.status == 200 and proc.poll() is None:
                     return
         except OSError:
             time.sleep(0.5)
