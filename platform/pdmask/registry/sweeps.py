@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -43,12 +42,12 @@ AXES = ("method", "model", "precision", "delta", "mu_source")
 REQUIRED_AXES = ("method", "model", "precision")  # every cell needs them
 SIM_PROFILES = ("smoke", "default", "full", "stress")  # = sim PROFILES
 SWEEP_SUFFIXES = (".yaml", ".yml")
-# A grid larger than this is refused unless confirmed (the sweep's `max_trials`, or the
-# `--max-trials` flag): at about 30 s per embedded trial, 1,000 trials are eight hours on two
-# cores, and a typo in a grid (one more axis, a long delta list) multiplies the count silently.
 # The largest seed every trainer accepts: numpy's legacy seeding (vLLM seeds it with the
 # trial's seed) takes 32 bits, torch's 64. A larger seed passed every check and failed at training.
 MAX_SEED = 2**32 - 1
+# A grid larger than this is refused unless confirmed (the sweep's `max_trials`, or the
+# `--max-trials` flag): at about 30 s per embedded trial, 1,000 trials are eight hours on two
+# cores, and a typo in a grid (one more axis, a long delta list) multiplies the count silently.
 DEFAULT_MAX_TRIALS = 1000
 
 
@@ -442,7 +441,7 @@ def discover_sweeps(
     paths = [p for p in listed if p.is_file()]
     for path in listed:
         if path.is_symlink() and not path.exists():  # skipped silently, its sweep seemed gone
-            target = os.readlink(path)
+            target = str(path.readlink())
             problems.append(Problem(str(path), "(file)", f"a link to {target!r}, which is missing"))
     by_stem: dict[str, list[Path]] = {}
     for path in paths:
