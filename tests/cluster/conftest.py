@@ -13,7 +13,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -22,15 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from pdmask.loopback import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _children() -> dict[int, list[int]]:
@@ -80,17 +75,17 @@ def ray_head():
     tmp = tempfile.mkdtemp(
         prefix="pdmray", dir="/tmp"
     )  # short: Ray's socket paths are length-capped
-    dash = _free_port()
+    dash = free_port()
     ports = {
-        "--port": _free_port(),
+        "--port": free_port(),
         "--dashboard-port": dash,
-        "--ray-client-server-port": _free_port(),
-        "--dashboard-agent-listen-port": _free_port(),
-        "--dashboard-agent-grpc-port": _free_port(),
-        "--metrics-export-port": _free_port(),
-        "--runtime-env-agent-port": _free_port(),
-        "--node-manager-port": _free_port(),
-        "--object-manager-port": _free_port(),
+        "--ray-client-server-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(),
+        "--dashboard-agent-grpc-port": free_port(),
+        "--metrics-export-port": free_port(),
+        "--runtime-env-agent-port": free_port(),
+        "--node-manager-port": free_port(),
+        "--object-manager-port": free_port(),
     }
     cmd = [
         str(Path(sys.executable).with_name("ray")),

@@ -54,8 +54,9 @@ def ui(
 ) -> None:
     """Serve the MLflow UI on 127.0.0.1 over the project's runs."""
     from pdmask.errors import ConfigError
+    from pdmask.loopback import LOOPBACK_HOSTS
     from pdmask.tracking.store import open_client, resolve_tracking_uri
-    from pdmask.tracking.ui import LOOPBACK, runs_table_url, server_log, start_ui, stop_ui
+    from pdmask.tracking.ui import runs_table_url, server_log, start_ui, stop_ui
 
     uri = resolve_tracking_uri(tracking_uri)
     client = open_client(uri)
@@ -65,7 +66,7 @@ def ui(
         experiments = [e for e in experiments if e.name == sweep]
         if not experiments:
             raise ConfigError(f"sweep {sweep!r} has no runs in {uri}; sweeps with runs: {known}")
-    if host not in (LOOPBACK, "localhost", "::1"):
+    if host not in LOOPBACK_HOSTS:
         print(
             f"warning: --host {host} serves the whole store (runs, params, artifacts) and MLflow's "
             "REST API, which can write and delete, to anyone who reaches this port, without "

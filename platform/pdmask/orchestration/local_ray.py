@@ -22,6 +22,8 @@ import os
 import signal
 import sys
 
+from pdmask.loopback import LOOPBACK
+
 # Explicit settings that keep a later `ray start` usable (token auth is switched on by an auth token
 # file that ray.init() would otherwise create) and keep the machine quiet.
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
@@ -30,7 +32,6 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_SIGINT_HANDLER": "1"}
 # Ray's single-machine mode: every process of the instance binds to loopback (see above).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-LOOPBACK = "127.0.0.1"
 START_ATTEMPTS = 2
 
 

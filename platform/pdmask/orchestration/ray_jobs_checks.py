@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 from pdmask.backends.verl.jobs import trial_overrides, trial_resources
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.errors import ConfigError, Problem, ValidationFailed
+from pdmask.loopback import LOOPBACK_HOSTS
 from pdmask.registry import Trial
 
 POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
@@ -79,7 +80,7 @@ def check_fit(trials: list[Trial], node_gpus: list[float], cluster_name: str) ->
 
 def warn_about_store(uri: str, address: str, console) -> None:
     host = urlparse(address if "://" in address else f"http://{address}").hostname or ""
-    if uri.startswith("sqlite:") and host not in ("127.0.0.1", "localhost", "::1"):
+    if uri.startswith("sqlite:") and host not in LOOPBACK_HOSTS:
         console.print(
             f"[yellow]tracking store {uri} is a local file: the nodes must see it at the same path "
             "(shared filesystem); otherwise start an MLflow server the nodes can reach and pass "

@@ -22,7 +22,6 @@ import ctypes
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,11 +30,9 @@ import urllib.request
 from pathlib import Path
 
 from pdmask.errors import ConfigError
-from pdmask.orchestration.local_ray import RAY_ENV
+from pdmask.loopback import LOOPBACK, free_port
+from pdmask.orchestration.local_ray import LOOPBACK_ENV, RAY_ENV
 
-LOOPBACK = "127.0.0.1"
-# Ray keeps its single-machine mode (every server bound to the loopback address) with this.
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 LOGICAL_CPUS = 16  # verl's transfer queue and agent loops hold one logical CPU per actor
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
 START_TIMEOUT_S = 120.0
@@ -50,12 +47,6 @@ PORT_FLAGS = (
     "--node-manager-port",
     "--object-manager-port",
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind((LOOPBACK, 0))
-        return s.getsockname()[1]
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -159,7 +150,7 @@ class LocalRayHead:
     def start(self) -> str:
         # Short: Ray's socket paths are length-capped.
         self.folder = Path(tempfile.mkdtemp(prefix="pdmray", dir="/tmp"))
-        ports = {flag: _free_port() for flag in PORT_FLAGS}
+        ports = {flag: free_port() for flag in PORT_FLAGS}
         cmd = [
             str(Path(sys.executable).with_name("ray")),
             "start",

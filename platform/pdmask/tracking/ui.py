@@ -18,20 +18,14 @@ import urllib.request
 from pathlib import Path
 
 from pdmask.errors import ConfigError
+from pdmask.loopback import LOOPBACK, free_port
 from pdmask.paths import default_artifact_root, state_dir
 from pdmask.tracking.store import open_client, resolve_tracking_uri
 
-LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 120
 # pdmask runs no MLflow server jobs (GenAI scorers, prompt optimisation): without them the server
 # starts no job runner and no Huey consumers, 8 fewer processes.
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-
-
-def free_port(host: str = LOOPBACK) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def require_free_port(host: str, port: int) -> None:
