@@ -71,6 +71,22 @@ def start_verl_tracking(config):
     )
 
 
+def job_of_a_new_run(store, monkeypatch, run_name: str) -> str:
+    """A pre-created run and the job env that attaches to it, as a sweep's job gets them."""
+    uri, client, experiment_id = store
+    run_id = client.create_run(experiment_id, run_name=run_name).info.run_id
+    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
+        monkeypatch.setenv(key, value)
+    return run_id
+
+
+def attempt_failed(run_id: str, monkeypatch) -> None:
+    """The attempt's job died: its run ends FAILED, and the retry's job env names the run again
+    (ending the active run unsets MLFLOW_RUN_ID in this process)."""
+    mlflow.end_run(status="FAILED")
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+
+
 def test_tags_at_creation_and_failed_status(store, monkeypatch):
     uri, client, experiment_id = store
     for key, value in job_env(tracking_uri=uri, tags=SWEEP_TAGS).items():
@@ -124,10 +140,8 @@ def test_attach_to_a_precreated_run(store, monkeypatch):
 
 
 def test_failure_before_training_marks_the_precreated_run(store, monkeypatch):
-    uri, client, experiment_id = store
-    run_id = client.create_run(experiment_id, run_name="trial-2").info.run_id
-    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
-        monkeypatch.setenv(key, value)
+    _, client, _ = store
+    run_id = job_of_a_new_run(store, monkeypatch, "trial-2")
     with pytest.raises(ValueError), tracking.failure_marked():
         raise ValueError("bad worker config")
     run = client.get_run(run_id)
@@ -148,14 +162,10 @@ def test_silently_disabled_mlflow_is_refused(store):
 
 
 def test_a_retry_whose_config_changed_names_the_params_mlflow_refused(store, monkeypatch):
-    uri, client, experiment_id = store
-    run_id = client.create_run(experiment_id, run_name="trial-4").info.run_id
-    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
-        monkeypatch.setenv(key, value)
+    run_id = job_of_a_new_run(store, monkeypatch, "trial-4")
     config = job_config()
     start_verl_tracking(config)  # attempt 1 logs its params
-    mlflow.end_run(status="FAILED")
-    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)
+    attempt_failed(run_id, monkeypatch)
     config.trainer.experiment_name = "trial-4-changed"  # the retry's config differs
     monkeypatch.setattr("verl.utils.tracking.MLFLOW_SLEEP_SECONDS", 0)
     second = start_verl_tracking(config)
@@ -167,10 +177,8 @@ def test_a_retry_whose_config_changed_names_the_params_mlflow_refused(store, mon
 
 def test_a_retried_job_never_logs_a_step_twice(store, monkeypatch):
     """Attempt 2 resumes from the checkpoint at step 1 and verl logs steps 2-3 again."""
-    uri, client, experiment_id = store
-    run_id = client.create_run(experiment_id, run_name="trial-3").info.run_id
-    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
-        monkeypatch.setenv(key, value)
+    _, client, _ = store
+    run_id = job_of_a_new_run(store, monkeypatch, "trial-3")
     config = job_config()
 
     first = start_verl_tracking(config)
@@ -179,8 +187,7 @@ def test_a_retried_job_never_logs_a_step_twice(store, monkeypatch):
         first.log(
             data={"critic/score/mean": float(step), "val-core/acc@16": 10.0 + step}, step=step
         )
-    mlflow.end_run(status="FAILED")  # the job died after step 3
-    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)  # the retry's job env (end_run unset it here)
+    attempt_failed(run_id, monkeypatch)  # the job died after step 3
 
     second = start_verl_tracking(config)
     assert mlflow.active_run().info.run_id == run_id

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("verl")
@@ -79,7 +77,9 @@ def test_worker_methods_keep_verls_dispatch(method):
         assert ours["dispatch_mode"] == base["dispatch_mode"]
 
 
-def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(composer, carry, tmp_path):
+def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(
+    composer, carry, tmp_path, monkeypatch
+):
     """verl's v1 trainer loads the checkpoint in init() and logs the config as MLflow params in
     fit(): a retry that resumes from an older checkpoint than verl would pick must not change the
     logged config, or MLflow refuses the params and verl trains without it (seen in CI: the
@@ -91,6 +91,8 @@ def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(composer, c
     from pdmask.backends.verl.overrides import job_env
     from pdmask.backends.verl.trainer import PDMTrainerSync
 
+    from .test_tracking import attempt_failed
+
     carry("pdm-agg", delta=0.15)
     config = composer(verl_overrides("pdm-agg", 0.15, precision="bf16", **TRIAL))
     checkpoints = tmp_path / "checkpoints"
@@ -100,9 +102,8 @@ def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(composer, c
     client = mlflow.MlflowClient(uri)
     experiment = client.create_experiment(config.trainer.project_name, (tmp_path / "a").as_uri())
     run_id = client.create_run(experiment, run_name="t").info.run_id
-    env = job_env(tracking_uri=uri, run_id=run_id)
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+    for key, value in job_env(tracking_uri=uri, run_id=run_id).items():
+        monkeypatch.setenv(key, value)
 
     def verl_tracking():
         return Tracking(
@@ -122,8 +123,7 @@ def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(composer, c
     try:
         first = verl_tracking()  # attempt 1: params logged, step 1 logged, died in step 2
         first.log({tracking.STEP_METRIC: 1.0}, step=1)
-        mlflow.end_run(status="FAILED")
-        os.environ["MLFLOW_RUN_ID"] = run_id  # end_run unset it; the retry's env has it
+        attempt_failed(run_id, monkeypatch)
         for step in (1, 2):
             (checkpoints / f"global_step_{step}" / "actor").mkdir(parents=True)
         (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
@@ -144,8 +144,3 @@ def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(composer, c
     finally:
         while mlflow.active_run():
             mlflow.end_run()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
