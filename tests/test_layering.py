@@ -23,6 +23,7 @@ LAYERS = {
     "paths": 0,
     "console": 0,
     "process_group": 0,
+    "loopback": 0,
     "trust_region": 1,  # the math
     "registry": 2,
     "tracking": 3,
