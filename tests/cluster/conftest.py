@@ -167,9 +167,11 @@ def pdm_cmd(*args: str) -> list[str]:
 
 
 def tracking_client(project: Path):
-    from mlflow.tracking import MlflowClient
+    """A client on the project's store, opened the way pdm opens it: a test that watches a
+    running sweep may be the first to touch the store, and must not race the sweep's migration."""
+    from pdmask.tracking.store import sqlite_client
 
-    return MlflowClient(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+    return sqlite_client(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
 
 
 def sweep_runs(project: Path, sweep: str) -> dict[str, object]:

@@ -63,9 +63,7 @@ def pdm_background(project: Path, *args: str, **popen) -> subprocess.Popen:
 
 
 def sweep_runs(project: Path, sweep: str) -> list:
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+    client = store_client(project)
     exp = client.get_experiment_by_name(sweep)
     return [] if exp is None else client.search_runs([exp.experiment_id], max_results=1000)
 
@@ -104,6 +102,7 @@ TWO_TRIALS = FOUR_TRIALS.replace("seeds: 2", "seeds: 1")
 
 
 def store_client(project: Path, db: str = "mlflow.db"):
-    from mlflow.tracking import MlflowClient
+    """A client opened the way pdm opens a store (under its migration lock: see sqlite_client)."""
+    from pdmask.tracking.store import sqlite_client
 
-    return MlflowClient(f"sqlite:///{project / '.pdm' / db}")
+    return sqlite_client(f"sqlite:///{project / '.pdm' / db}")

@@ -125,6 +125,22 @@ def _patient_for(seconds: int):
                 os.environ[key] = value
 
 
+def sqlite_client(uri: str):
+    """An ``MlflowClient`` on the sqlite store ``uri``, its schema created or migrated.
+
+    A client's first call creates and migrates the schema; two processes doing that at once
+    collide ("table ... already exists", "duplicate column"), so every process that may be the
+    first to open a store (a sweep, ``pdm ui``, a test watching a sweep) opens it through here,
+    under one file lock next to the database.
+    """
+    from mlflow.tracking import MlflowClient
+
+    with _file_lock(sqlite_path(uri).with_suffix(".init.lock")):
+        client = MlflowClient(tracking_uri=uri)
+        client.search_experiments(max_results=1)
+    return client
+
+
 _CLIENTS: dict[str, object] = {}
 
 
@@ -155,11 +171,7 @@ def open_client(uri: str | None = None, *, integrity: bool = True):
     mlflow.set_tracking_uri(uri)
     try:
         if uri.startswith("sqlite:"):
-            # Creating a client creates and migrates the schema; two processes doing that at once
-            # collide ("duplicate column"), so store initialisation is serialised by a file lock.
-            with _file_lock(sqlite_path(uri).with_suffix(".init.lock")):
-                client = MlflowClient(tracking_uri=uri)
-                client.search_experiments(max_results=1)
+            client = sqlite_client(uri)
         else:
             with _patient_for(2 * SERVER_TIMEOUT_SECONDS):
                 client = MlflowClient(tracking_uri=uri)
