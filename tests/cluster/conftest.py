@@ -171,6 +171,7 @@ def tracking_client(project: Path):
     running sweep may be the first to touch the store, and must not race the sweep's migration."""
     from pdmask.tracking.store import sqlite_client
 
+    (project / ".pdm").mkdir(exist_ok=True)  # the sweep may not have made its state folder yet
     return sqlite_client(f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
 
 
