@@ -68,6 +68,8 @@ LONGEST_FIRST = (
     "verl_cpu/test_weight_sync.py",
     "recipes/test_new_methods_e2e.py",
     "orchestration/test_trial_runs.py",
+    "orchestration/test_stalls.py",
+    "orchestration/test_lost_cluster.py",
     "cluster/test_ray_jobs.py",
     "library/test_notebook_sweep.py",
     "verl_cpu/test_vllm_topk.py",

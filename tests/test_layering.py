@@ -25,6 +25,7 @@ LAYERS = {
     "process_group": 0,
     "loopback": 0,
     "trust_region": 1,  # the math
+    "watchdog": 1,  # the progress watchdog of trials and jobs (imports errors)
     "registry": 2,
     "tracking": 3,
     "backends": 4,

@@ -13,6 +13,7 @@ state folder is ``$PDM_HOME``, else ``<project>/.pdm``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from pdmask.orchestration.options import SweepOptions
@@ -67,4 +68,5 @@ def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:
         profile=options.profile,
         cluster=options.cluster,
         max_trials=options.max_trials,
+        address=options.address or os.environ.get("RAY_ADDRESS"),
     )

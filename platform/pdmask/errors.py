@@ -7,14 +7,21 @@
     │                             its file, hook and line); at training time too, never retried
     ├── TrackingError             the MLflow store cannot be read or is incompatible; exit 2
     ├── BackendUnavailable        a backend's optional dependencies are missing; exit 2
+    ├── ClusterLost               the sweep's Ray cluster lost its nodes mid-sweep; exit 1;
+    │                             resumable by running the same command again
     └── TrialFailed               a trial crashed (killed, OOM, NaN loss); retried by the sweep runner
 
 Code that catches ``Exception`` to keep a sweep alive must re-raise ``ConfigError``: configuration
 errors fail fast and are never retried.
+
+The machine's own failures (a full disk, a read-only or vanished state folder, a permission) reach
+the CLI as ``OSError``; ``environment_error`` turns them into one line (exit 2), and
+``PDM_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -104,7 +111,36 @@ class BackendUnavailable(PdmError):
     exit_code = 2
 
 
+class ClusterLost(PdmError):
+    """The Ray cluster a sweep runs on has no live node (or no CPU) left: nothing can train."""
+
+    exit_code = 1
+
+
 class TrialFailed(PdmError):
     """A trial crashed (killed, out of memory, NaN loss). The sweep runner retries it."""
 
     exit_code = 1
+
+
+# What to do about each failure of the machine a command runs on (see the module docstring).
+_ENVIRONMENT_HINTS = {
+    errno.ENOSPC: "the disk is full: free space (or point PDM_HOME at another disk)",
+    errno.EDQUOT: "the disk quota is used up: free space (or point PDM_HOME at another disk)",
+    errno.EROFS: "the file system is read-only: point PDM_HOME at a writable folder",
+    errno.EACCES: "permission denied: point PDM_HOME at a folder you can write",
+    errno.EPERM: "not permitted: point PDM_HOME at a folder you can write",
+    errno.ENOENT: "a folder it needs is gone (deleted while it ran?)",
+    errno.ENOTDIR: "a path it needs runs through a file, not a folder: check PDM_HOME",
+}
+
+
+def environment_error(err: OSError) -> str | None:
+    """One line for an ``OSError`` caused by the machine rather than by pdmask (None otherwise)."""
+    hint = _ENVIRONMENT_HINTS.get(err.errno)
+    if hint is None:
+        return None
+    where = f" ({err.filename})" if err.filename else ""
+    return (
+        f"{err.strerror or err}{where}: {hint}; what finished is kept: run the same command again"
+    )

@@ -57,8 +57,15 @@ def store(project):
     return client, experiment_id, names
 
 
-def _start(project, *args: str) -> tuple[subprocess.Popen, str, list[str]]:
-    """`pdm ui ARGS` in its own process; returns it, the UI's URL and the runs-table links."""
+def _start(
+    project, *args: str, sigint_ignored: bool = False
+) -> tuple[subprocess.Popen, str, list[str]]:
+    """`pdm ui ARGS` in its own process; returns it, the UI's URL and the runs-table links.
+    ``sigint_ignored``: started as a script's background job is (SIGINT inherited ignored)."""
+
+    def ignore_sigint():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     proc = pdm_process(
         "ui",
         "--port",
@@ -68,6 +75,7 @@ def _start(project, *args: str) -> tuple[subprocess.Popen, str, list[str]]:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         cwd=project,
+        preexec_fn=ignore_sigint if sigint_ignored else None,
     )
     deadline, seen = time.time() + START_S, []
     while time.time() < deadline:
@@ -127,6 +135,11 @@ def _stop_and_check_nothing_left(proc: subprocess.Popen, procs, sig: signal.Sign
     finally:
         for p in _alive(procs):
             p.kill()
+
+
+def test_sigint_stops_a_ui_started_with_sigint_ignored(project, store):
+    proc, url, _ = _start(project, sigint_ignored=True)
+    _stop_and_check_nothing_left(proc, _tree(proc.pid), signal.SIGINT)
 
 
 # SIGINT (Ctrl-C) is checked at the end of the browser test, which needs a running UI as well.

@@ -106,3 +106,30 @@ def store_client(project: Path, db: str = "mlflow.db"):
     from pdmask.tracking.store import sqlite_client
 
     return sqlite_client(f"sqlite:///{project / '.pdm' / db}")
+
+
+# A recipe slow enough (about 16 training minibatches x 3 s) that a test can act while its trial
+# trains, whatever Ray's start-up takes: two sweeps started together overlap, a fault lands mid-trial.
+SLOW = '''"""Trains slowly: each training minibatch takes 3 s more."""
+
+import time
+
+import torch
+
+from pdmask.registry import Recipe
+
+
+def slow(batch):
+    if batch.response_mask.shape[0] > 8:  # a training minibatch, not the validation batch
+        time.sleep(3)
+    return torch.zeros_like(batch.response_mask)
+
+
+RECIPE = Recipe(
+    name="slow",
+    display_name="Slow",
+    color="#999999",
+    summary=__doc__.splitlines()[0],
+    mask=slow,
+)
+'''

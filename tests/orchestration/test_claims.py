@@ -108,3 +108,32 @@ def test_settle_leaves_a_run_claimed_by_another_invocation_alone(state, monkeypa
         other.kill()
         other.wait()
     assert store.terminated == [] and outcome.elsewhere == 1
+
+
+def test_the_dry_run_shows_a_killed_sweeps_running_trial_as_interrupted(project, monkeypatch):
+    """A SIGKILLed sweep leaves its run RUNNING; only a live claim makes it `running`."""
+    import json
+
+    from .conftest import ONE_TRIAL, pdm, store_client, write_sweep
+
+    write_sweep(project, "one", ONE_TRIAL)
+    (row,) = json.loads(pdm(project, "sweep", "one", "--dry-run", "--json").stdout)["trials"]
+    client = store_client(project)
+    experiment = client.create_experiment("one")
+    client.create_run(experiment, tags={"pdm.trial_hash": row["trial_hash"]})  # left RUNNING
+
+    def status() -> str:
+        out = pdm(project, "sweep", "one", "--dry-run", "--json")
+        return json.loads(out.stdout)["trials"][0]["status"]
+
+    assert status() == "interrupted"
+    monkeypatch.setenv("PDM_HOME", str(project / ".pdm"))
+    other = hold_in_other_process(row["trial_hash"], 60)
+    try:
+        assert status() == "running"
+    finally:
+        other.kill()
+        other.wait()
+    written = claim_path(row["trial_hash"]).read_text()
+    assert status() == "interrupted"
+    assert claim_path(row["trial_hash"]).read_text() == written  # the dry run writes nothing

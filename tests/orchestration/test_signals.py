@@ -29,11 +29,13 @@ def _wait_for(condition, proc, timeout: float = 240) -> None:
 
 
 # (signal, to whom, when) -> expected exit code. A terminal's Ctrl-C reaches the whole process
-# group; SIGTERM and SIGKILL come from a process manager, to the driver only.
+# group; SIGTERM and SIGKILL come from a process manager, SIGHUP from a closed terminal, to the
+# driver only.
 CASES = {
     "ctrl-c-while-ray-starts": (signal.SIGINT, "group", "ray", 130),
     "ctrl-c-while-training": (signal.SIGINT, "group", "training", 130),
     "sigterm-while-training": (signal.SIGTERM, "driver", "training", 130),
+    "sighup-while-training": (signal.SIGHUP, "driver", "training", 130),  # its terminal closed
     "sigkill-while-training": (signal.SIGKILL, "driver", "training", -signal.SIGKILL),
 }
 
@@ -66,3 +68,21 @@ def test_a_signal_leaves_no_process_and_the_sweep_resumes(project, case):
     again = pdm(project, "sweep", "two")
     assert again.returncode == 0, again.stdout + again.stderr
     finished_exactly_once(project, "two")
+
+
+def test_an_ignored_sighup_stays_ignored_and_an_ignored_sigint_is_handled():
+    """`nohup pdm sweep` asks the sweep to outlive its terminal; a background job's inherited
+    SIGINT-ignore must not make Ctrl-C (or `kill -INT`) do nothing."""
+    from pdmask.orchestration.interrupts import handled
+
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT)}
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with handled():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert callable(signal.getsignal(signal.SIGINT))
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN  # restored
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)

@@ -15,8 +15,9 @@ import threading
 
 from pdmask.backends.verl.jobs import STALL_FLOOR_SECONDS, STALL_STEPS, watchdog_bounds
 from pdmask.backends.verl.jobs_setup import JobSettings
-from pdmask.backends.verl.watchdog import WATCHDOG_ENV, WATCHDOG_TAG, Bounds, JobWatchdog
+from pdmask.backends.verl.watchdog import JobWatchdog
 from pdmask.registry import CLUSTERS, MODELS
+from pdmask.watchdog import WATCHDOG_ENV, WATCHDOG_TAG, Bounds
 
 
 class Clock:
@@ -86,20 +87,19 @@ def test_bounds_follow_the_profile_and_the_models_step_time():
     tiny = watchdog_bounds(Trial, "this-machine")
     assert tiny.stall_seconds == STALL_FLOOR_SECONDS  # 3 s steps: the floor decides
     assert tiny.startup_seconds == CLUSTERS["this-machine"].job_startup_seconds < 3600
-    site = JobSettings.from_env(
-        {"PDM_VERL_STALL_SECONDS": "300", "PDM_VERL_STARTUP_SECONDS": "120"}
-    )
+    site = JobSettings.from_env({"PDM_STALL_SECONDS": "300", "PDM_STARTUP_SECONDS": "120"})
     assert watchdog_bounds(Trial, "this-machine", site) == Bounds(120.0, 300.0)
 
 
 FAULT = """
 import mlflow, os, threading, time
 from pdmask.backends.verl import watchdog
+from pdmask.watchdog import Bounds
 run = mlflow.MlflowClient().create_run(mlflow.MlflowClient().create_experiment("w"))
 os.environ["MLFLOW_RUN_ID"] = run.info.run_id
 print(run.info.run_id, flush=True)
 dog = watchdog.JobWatchdog(
-    watchdog.Bounds(0.1, 0.1, poll_seconds=0.05), lambda: [], watchdog.end_job
+    Bounds(0.1, 0.1, poll_seconds=0.05), lambda: [], watchdog.end_job
 ).start()
 time.sleep(60)  # a job stuck waiting: only the watchdog ends this process
 raise SystemExit(0)
@@ -115,7 +115,7 @@ def test_a_fault_ends_the_process_with_the_run_failed_and_the_reason_tagged(tmp_
         [sys.executable, "-c", FAULT], env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "pdmask watchdog: ending the job: stalled" in done.stderr
+    assert "pdmask watchdog: ending: stalled" in done.stderr
     run = mlflow.MlflowClient(uri).get_run(done.stdout.split()[0])
     assert run.info.status == "FAILED"
     assert run.data.tags[WATCHDOG_TAG].startswith("stalled:")

@@ -49,7 +49,7 @@ SWEEP_TIMEOUT_S = 2400
 # A job whose engine died ends within the watchdog's poll (10 s) plus a server round trip and
 # Ray's job teardown; verl's own error, when it comes first, is faster still.
 ENGINE_FAULT_BOUND_S = 180
-# The watchdog's stall bound for these jobs (PDM_VERL_STALL_SECONDS): a job that stopped without
+# The watchdog's stall bound for these jobs (PDM_STALL_SECONDS): a job that stopped without
 # its engine dying must not hold the suite for the default 10 minutes.
 STALL_S = "300"
 KEYS = ("actor/pdm/kl_topk_mean", "actor/pg_loss", "critic/score/mean")
@@ -98,7 +98,7 @@ def smoke(tmp_path_factory, tiny_cache):
     with open(log, "w") as out:
         proc = subprocess.Popen(
             pdm_cmd("sweep", SWEEP, "--backend", "verl"),
-            env=cpu_env(project, PDM_VERL_STALL_SECONDS=STALL_S),
+            env=cpu_env(project, PDM_STALL_SECONDS=STALL_S),
             cwd=project,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -10,13 +10,15 @@ cheap to import (heavy imports live in command bodies, and option types that nee
 are resolved when typer builds the command), and a command is built only when it is used: `pdm
 --help` lists every command from its help text without building any. Errors derived from
 :class:`pdmask.errors.PdmError` are printed without a traceback and exit with their
-``exit_code`` (2 for bad input); Ctrl-C exits 130.
+``exit_code`` (2 for bad input); Ctrl-C exits 130; a failure of the machine (disk full, state
+folder read-only or gone) is one line and exit 2 (``errors.environment_error``).
 """
 
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pkgutil
 import sys
 from typing import Annotated
@@ -26,7 +28,7 @@ from typer.core import TyperCommand, TyperGroup
 
 from pdmask import __version__
 from pdmask.cli._options import PANELS
-from pdmask.errors import PdmError
+from pdmask.errors import PdmError, environment_error
 
 
 def command_apps() -> dict[str, typer.Typer]:
@@ -102,6 +104,12 @@ class Commands(TyperGroup):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
+        except OSError as err:  # the machine's failure, not pdmask's: one line (PDM_DEBUG: all)
+            line = environment_error(err)
+            if line is None or os.environ.get("PDM_DEBUG"):
+                raise
+            print(f"error: {line}", file=sys.stderr)
+            raise typer.Exit(2) from None
 
 
 app = typer.Typer(

@@ -91,13 +91,27 @@ def sweep(
     raise typer.Exit(run_sweep(name, options).exit_code)
 
 
-def _status_lookup(tracking_uri, sweep_name):
-    """done/failed/running/todo per trial from the tracking store, when it can be read."""
+def _status_lookup(tracking_uri, sweep_name, claims: bool):
+    """done/failed/running/interrupted/todo per trial from the tracking store, when it can be
+    read. ``claims``: the trials run under claims (Tune), so a RUNNING run whose claim no live
+    process holds was killed with its sweep (SIGKILL leaves runs RUNNING): it is interrupted,
+    and the next run resumes it."""
     try:
         from pdmask.tracking import TrialStatusIndex
     except ImportError:
         return None
-    return TrialStatusIndex.open(tracking_uri, sweep_name, create=False).status_of
+    status_of = TrialStatusIndex.open(tracking_uri, sweep_name, create=False).status_of
+    if not claims:
+        return status_of
+    from pdmask.orchestration.claims import claim_held
+
+    def with_claims(trial) -> str:
+        status = status_of(trial)
+        if status == "running" and not claim_held(trial.trial_hash):
+            return "interrupted"
+        return status
+
+    return with_claims
 
 
 def _print_plan(name: str, options, as_json: bool) -> None:
@@ -111,11 +125,13 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     trials = plan(reg, name, options)
     sweep = reg.sweep(name)
     cluster = options.cluster or sweep.cluster
-    status_of = _status_lookup(options.tracking_uri, sweep.name)
-    rows = plan_rows(trials, cluster, status_of)
     from pdmask.backends.interface import SubmitsJobs, load_backend
 
     backend = load_backend(options.backend or sweep.backend)
+    status_of = _status_lookup(
+        options.tracking_uri, sweep.name, claims=not isinstance(backend, SubmitsJobs)
+    )
+    rows = plan_rows(trials, cluster, status_of)
     specs = None
     if isinstance(backend, SubmitsJobs):  # the cluster job each trial would be submitted as
         specs = backend.job_specs(

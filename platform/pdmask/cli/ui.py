@@ -76,6 +76,9 @@ def ui(
         )
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_stop)
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        # inherited from a script's background job: Ctrl-C (kill -INT) must still stop the UI
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     proc = None
     try:
         proc, url = start_ui(uri, port=port or None, host=host)

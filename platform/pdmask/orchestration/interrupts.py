@@ -1,11 +1,15 @@
-"""Ctrl-C and SIGTERM during a sweep: stop in order, resumable, one exit code.
+"""Ctrl-C, SIGTERM and SIGHUP during a sweep: stop in order, resumable, one exit code.
 
-While a sweep runs, SIGINT and SIGTERM never raise in the middle of whatever the driver is
+While a sweep runs, SIGINT, SIGTERM and SIGHUP (its terminal closed) never raise in the middle of whatever the driver is
 doing (starting Ray, talking to the store, shutting Ray down): the first one only asks the sweep
 to stop. Tune then stops the running trials (``StopOnRequest``), Ray shuts down, the runs left
 RUNNING are marked KILLED, and the command exits with ``EXIT_INTERRUPTED`` whatever the moment
 of the signal. A second signal says it is still stopping; a third gives up at once (the reaper
 still removes Ray's processes; the next run repairs the runs' states).
+
+SIGINT is handled even where the sweep inherited it ignored (a script's background job), since
+Ctrl-C is how a user stops it; SIGHUP is left ignored where it was (``nohup pdm sweep ...``: the
+user asked the sweep to outlive the terminal).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from contextlib import contextmanager
 from ray.tune import Stopper
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's code for an interrupted command
-SIGNALS = (signal.SIGINT, signal.SIGTERM)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 GIVE_UP_AFTER = 3  # signals
 
 
@@ -31,6 +35,7 @@ class Interrupts:
         self.count = 0
         self.event = threading.Event()
         self.installed = False
+        self.signals: tuple[int, ...] = ()
 
     @property
     def requested(self) -> bool:
@@ -40,7 +45,7 @@ class Interrupts:
         """(Re)install the handlers. Ray's driver replaces the SIGTERM handler with its own (it
         aborts the process) when it starts: the runner installs these again after ray.init."""
         if self.installed:
-            for s in SIGNALS:
+            for s in self.signals:
                 signal.signal(s, self._handle)
 
     def _handle(self, signum, _frame) -> None:
@@ -62,6 +67,9 @@ def handled() -> Iterator[Interrupts]:
         yield interrupts
         return
     previous = {s: signal.getsignal(s) for s in SIGNALS}
+    interrupts.signals = tuple(
+        s for s in SIGNALS if not (s == signal.SIGHUP and previous[s] == signal.SIG_IGN)
+    )
     interrupts.installed = True
     interrupts.install()
     try:

@@ -27,9 +27,15 @@ from pdmask.loopback import LOOPBACK
 # Explicit settings that keep a later `ray start` usable (token auth is switched on by an auth token
 # file that ray.init() would otherwise create) and keep the machine quiet.
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-# Tune's own console output is replaced by pdmask's progress table; Tune's SIGINT handler by
-# pdmask's (interrupts.py), which also covers SIGTERM and the moments outside Tune.
-QUIET_ENV = {"RAY_AIR_NEW_OUTPUT": "0", "TUNE_DISABLE_SIGINT_HANDLER": "1"}
+# Tune's own console output is replaced by pdmask's progress table (a failed attempt is one line
+# with its reason, read from its run: Tune's traceback of a dead actor says nothing of why);
+# Tune's SIGINT handler by pdmask's (interrupts.py), which also covers SIGTERM and the moments
+# outside Tune.
+QUIET_ENV = {
+    "RAY_AIR_NEW_OUTPUT": "0",
+    "TUNE_DISABLE_SIGINT_HANDLER": "1",
+    "TUNE_PRINT_ALL_TRIAL_ERRORS": "0",
+}
 # Ray's single-machine mode: every process of the instance binds to loopback (see above).
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 START_ATTEMPTS = 2
@@ -52,6 +58,8 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
     from pdmask.orchestration.reaper import reap_own, start_reaper
 
     token = start_reaper()
+    global _OWN_TOKEN
+    _OWN_TOKEN = token
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         for attempt in range(1, START_ATTEMPTS + 1):
@@ -73,6 +81,18 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
         ray.shutdown()
         raise RuntimeError(f"the embedded Ray started on {node_ip}, not on {LOOPBACK}")
     return True
+
+
+_OWN_TOKEN: str | None = None  # the embedded instance this process started (reaper.py's mark)
+
+
+def reap_embedded(grace: float = 2.0) -> None:
+    """Kill what is left of the embedded instance this process started: after its raylet died,
+    its trials' processes live on, orphaned, and would keep writing to their runs."""
+    from pdmask.orchestration.reaper import reap_own
+
+    if _OWN_TOKEN is not None:
+        reap_own(_OWN_TOKEN, grace=grace)
 
 
 def _init_embedded(ray, env_vars: dict[str, str]) -> None:

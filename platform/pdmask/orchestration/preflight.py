@@ -11,8 +11,22 @@ hours of training rather than after.
 
 from __future__ import annotations
 
-from pdmask.errors import Problem, ValidationFailed
+from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import Registry, Trial
+
+
+def environment_problems(address: str | None = None, jobs: bool = False, env=None) -> list[Problem]:
+    """What is wrong in the settings a sweep reads from its environment and flags (the watchdog's
+    bounds, the Ray address: ``ray_address.py``), each named by its variable."""
+    from pdmask.orchestration.ray_address import address_problems
+    from pdmask.watchdog import site_bounds
+
+    problems = address_problems(address, jobs)
+    try:
+        site_bounds(env)
+    except ConfigError as err:
+        problems.append(Problem("environment", "watchdog bounds", str(err)))
+    return problems
 
 
 def eval_metrics(backend: str, cluster: str) -> list[str]:
@@ -66,8 +80,11 @@ def checked_trials(
     profile: str | None = None,
     cluster: str | None = None,
     max_trials: int | None = None,
+    address: str | None = None,
 ) -> list[Trial]:
-    """The sweep's trials after every check; raises ValidationFailed with all problems."""
+    """The sweep's trials after every check, the Ray ``address`` they will run on included;
+    raises ValidationFailed with all problems."""
+    from pdmask.registry.backends import Launch, backend_spec
     from pdmask.registry.recipe_check import check_recipes
 
     trials = reg.expand(
@@ -76,6 +93,8 @@ def checked_trials(
     problems = check_recipes(reg.recipes, trials, defaults=False)
     problems += backend_problems(reg, name, trials)
     problems += dashboard_problems(reg, name, trials, cluster)
+    jobs = bool(trials) and backend_spec(trials[0].backend).launch is Launch.RAY_JOBS
+    problems += environment_problems(address, jobs)
     if problems:
         raise ValidationFailed(problems)
     return trials

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ray.tune import Callback
@@ -41,10 +42,17 @@ class Row:
 class SweepProgress(Callback):
     """A Tune callback: keeps one row per trial; live table on a terminal, lines otherwise."""
 
-    def __init__(self, names: dict[str, str], console: Console | None = None):
+    def __init__(
+        self,
+        names: dict[str, str],
+        console: Console | None = None,
+        failure_of: Callable[[dict], str | None] | None = None,
+    ):
         self.rows: dict[str, Row] = {}
         self.names = names  # Tune trial id is unknown upfront: map via the reported trial hash
         self.console = console or Console(highlight=False)
+        # why a trial's attempt failed (from its Tune config), where its run says
+        self.failure_of = failure_of
         self.live: Live | None = None
         if sys.stdout.isatty():
             self.live = Live(
@@ -58,6 +66,7 @@ class SweepProgress(Callback):
         state = dict(self.__dict__)
         state["console"] = None
         state["live"] = None
+        state["failure_of"] = None  # holds the driver's MLflow client
         return state
 
     def __setstate__(self, state):
@@ -93,6 +102,13 @@ class SweepProgress(Callback):
             if row.first_step_at is None:
                 row.first_step_at, row.first_step = time.time(), int(result["pdm_step"])
             row.step = int(result["pdm_step"])
+        if "pdm_waiting_for" in result and row.state != "waiting":
+            row.state = "waiting"
+            self._event(
+                row,
+                f"waiting: sweep {result['pdm_waiting_for']} is training the same trial (they "
+                "share its checkpoint folder); this sweep trains its own run of it after",
+            )
         if "pdm_eval" in result:
             row.eval = float(result["pdm_eval"])
         outcome = result.get("pdm_outcome")
@@ -118,12 +134,19 @@ class SweepProgress(Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row.state, row.first_step_at = "retrying", None
-        self._event(row, "crashed; retrying from its checkpoint")
+        self._failure(row, trial, "retrying from its checkpoint")
 
     def on_trial_error(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row.state = "failed"
-        self._event(row, "failed (retries exhausted)")
+        self._failure(row, trial, "retries exhausted")
+
+    def _failure(self, row: Row, trial, then: str) -> None:
+        reason = self.failure_of(trial.config) if self.failure_of else None
+        text = f"{reason}; {then}" if reason else f"crashed; {then}"
+        if reason and self.live is not None:  # the live table has no room for it
+            self.console.print(f"{row.name}: {text}")
+        self._event(row, text)
 
     def render(self):
         body = [

@@ -39,7 +39,6 @@ from pdmask.backends.verl.jobs import (
     trial_resources,
 )
 from pdmask.backends.verl.jobs_setup import JobSettings
-from pdmask.backends.verl.watchdog import WATCHDOG_TAG
 from pdmask.console import table
 from pdmask.errors import ConfigError
 from pdmask.orchestration.options import SweepOptions
@@ -53,7 +52,7 @@ from pdmask.orchestration.ray_jobs_checks import (
 from pdmask.orchestration.ray_jobs_cluster import JobCluster, JobView
 from pdmask.registry import CLUSTERS, Trial
 from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
-from pdmask.tracking.runs import with_retry
+from pdmask.tracking.runs import take_watchdog_reason, with_retry
 
 FINISHED_BY_TAG = "pdm.finished_by"
 
@@ -352,22 +351,9 @@ class JobRunner:
             self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {problem}")
         else:
             reason = self.cluster.failure_reason(view)
-            ended_by = self._watchdog_reason(run_id)
+            ended_by = take_watchdog_reason(self.client, run_id)
+            ended_by = ended_by and f"ended by the job's watchdog: {ended_by}"
             self._fail(job, f"{ended_by}\n{reason}" if ended_by else reason)
-
-    def _watchdog_reason(self, run_id: str | None) -> str | None:
-        """Why the job's own watchdog ended it (``backends/verl/watchdog.py``), read once: the
-        tag is removed so that a later attempt's run does not carry it."""
-        if run_id is None:
-            return None
-        try:
-            run = with_retry(lambda: self.client.get_run(run_id))
-            reason = run.data.tags.get(WATCHDOG_TAG)
-            if reason:
-                with_retry(lambda: self.client.delete_tag(run_id, WATCHDOG_TAG))
-        except Exception:  # the log tail still says what happened
-            return None
-        return f"ended by the job's watchdog: {reason}" if reason else None
 
     def _settle_success(self, run_id: str | None) -> str | None:
         """None when the run is (now) FINISHED; otherwise what is wrong with it."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from rich.console import Console
@@ -46,6 +46,7 @@ class SweepOutcome:
     elsewhere: int = 0  # RUNNING under another live invocation's claim
     best: dict[str, Any] | None = None
     config_errors: int = 0  # FAILED because their configuration was refused (never retried)
+    lost_cluster: str | None = None  # why the sweep ended early: its Ray cluster was lost
 
 
 def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOptions) -> int:
@@ -92,6 +93,12 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
             interrupts=interrupts,
         )
         _summary(console, sweep, outcome, uri)
+        if outcome.lost_cluster:
+            console.print(
+                f"[red]sweep stopped: {outcome.lost_cluster}[/red]; its trials are KILLED, not "
+                "lost: run the same command again to resume them once the cluster is back"
+            )
+            return 1
         drawable = outcome.interrupted == 0 and not interrupts.requested
         if options.figures and sweep.figures and drawable:
             figures_failed = _build_figures(console, reg, sweep, uri, trials)
@@ -139,10 +146,12 @@ def execute(
     from ray import tune
 
     from pdmask.backends.interface import load_backend
+    from pdmask.errors import ClusterLost
+    from pdmask.orchestration.cluster_watch import ClusterWatch
     from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
-    from pdmask.orchestration.local_ray import connect
+    from pdmask.orchestration.local_ray import connect, reap_embedded
     from pdmask.orchestration.progress import SweepProgress
-    from pdmask.orchestration.trainable import run_trial
+    from pdmask.orchestration.trainable import run_trial, trial_bounds
 
     done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
     if sweep.search is not None:
@@ -177,6 +186,7 @@ def execute(
         "backend": backend.spec,
         "eval_metric": backend.eval_metrics(sweep.cluster)[0],
         "calibration_seconds": calibration_seconds,
+        "watchdog": asdict(trial_bounds()),
     }
     names = {t.trial_hash: t.run_name() for t in todo}
     if sweep.search is not None:
@@ -198,7 +208,22 @@ def execute(
         tune_config = tune.TuneConfig(
             max_concurrent_trials=max_concurrent or (os.cpu_count() or 2), reuse_actors=True
         )
-    progress = SweepProgress(names, console)
+
+    def failure_of(config: dict) -> str | None:  # why a trial's attempt failed, from its run
+        from pdmask.orchestration.trainable import trial_from_config
+        from pdmask.tracking.runs import attempt_failure, find_trial_runs, take_watchdog_reason
+
+        try:
+            runs = find_trial_runs(client, experiment_id, trial_from_config(config).trial_hash)
+        except Exception:  # the progress line only loses its detail; the run keeps the reason
+            return None
+        if not runs:
+            return None
+        stalled = take_watchdog_reason(client, runs[0].info.run_id)
+        crashed = None if stalled else attempt_failure(runs[0])
+        return stalled or (crashed and f"crashed: {crashed}")
+
+    progress = SweepProgress(names, console, failure_of)
     tuner = tune.Tuner(
         tune.with_resources(run_trial, {"cpu": 1}),
         param_space=param_space,
@@ -207,23 +232,41 @@ def execute(
             name=f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",  # unique per invocation
             storage_path=str(state_dir() / "ray_results"),
             failure_config=tune.FailureConfig(max_failures=sweep.retries),
-            callbacks=[progress],
+            callbacks=[progress, ClusterWatch()],
             stop=StopOnRequest(interrupts),
             verbose=0,
         ),
     )
+    lost = None
     try:
         if not interrupts.requested:  # a stop requested while Ray started: launch nothing
             tuner.fit()
     except KeyboardInterrupt:  # only without pdmask's handlers (a library caller)
         console.print("interrupted: stopping trials (they resume from their checkpoints next time)")
+    except Exception as err:
+        lost = _cluster_lost(err, ClusterLost)
+        if lost is None:
+            raise
     finally:
         progress.close()
         if started_ray:
             import ray
 
             ray.shutdown()
-    return _settle(client, experiment_id, sweep, trials, skipped, console)
+    if lost is not None and started_ray:
+        reap_embedded()  # its orphaned trials must stop before their runs are settled
+    outcome = _settle(client, experiment_id, sweep, trials, skipped, console)
+    outcome.lost_cluster = lost
+    return outcome
+
+
+def _cluster_lost(err: BaseException, kind: type) -> str | None:
+    """The reason of a ``ClusterLost`` raised by the cluster watch, however Tune wrapped it."""
+    while err is not None:
+        if isinstance(err, kind):
+            return str(err)
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutcome:
@@ -243,7 +286,7 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
         if "FINISHED" in statuses:
             finished += 1
             continue
-        with Claim(h, wait=0) as ours:
+        with Claim(h, wait=0, holder=experiment_id) as ours:
             runs = find_trial_runs(client, experiment_id, h) if ours else by_hash.get(h, [])
             statuses = {r.info.status for r in runs}
             if "FINISHED" in statuses:

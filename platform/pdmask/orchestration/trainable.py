@@ -2,23 +2,53 @@
 
 Outcomes reported to Tune (``pdm_outcome``): ``finished``, ``already-done`` (a FINISHED run exists),
 ``claimed-elsewhere`` (another live invocation trains it), ``config-error`` (never retried: the
-run is FAILED with the reason and ``pdm.failure_kind=config``). Everything after the run is open,
-the backend's own config included, runs inside that error handling. A crash (exception, NaN
-loss) is recorded on the run and re-raised so Tune retries it; a killed process is noticed and
-recorded by the next attempt, which resumes from the trial's checkpoint if that checkpoint
-belongs to the same run (``workdirs.py``).
+run is FAILED with the reason and ``pdm.failure_kind=config``), ``stalled`` (the trial stalled
+more than ``STALL_RETRIES`` times: not retried again). Everything after the run is open, the
+backend's own config included, runs inside that error handling. A crash (exception, NaN loss) is
+recorded on the run and re-raised so Tune retries it; a killed process is noticed and recorded by
+the next attempt, which resumes from the trial's checkpoint if that checkpoint belongs to the
+same run (``workdirs.py``).
+
+Each attempt trains under pdmask's watchdog (``pdmask/watchdog.py``), beaten at every reported
+step: a trial that stops reporting steps (a recipe stuck in a loop, a deadlock, a hung store) is
+failed with ``pdm.failure_kind=stall`` and its process ended, and Tune retries it like a crash.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 import traceback
 from functools import partial
 from typing import Any
 
 from pdmask.errors import ConfigError
 from pdmask.registry import Trial
+from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
+
+# A Tune trial's watchdog bounds (PDM_STALL_SECONDS / PDM_STARTUP_SECONDS override the first two):
+# the embedded backend's steps take seconds and its start-up (model build, warm start under a
+# lock shared with the other trials) a minute or two on a laptop; a backend with slower steps
+# is covered by STALL_STEPS, which scales the bound with the longest step interval seen.
+STARTUP_SECONDS = 900.0
+STALL_SECONDS = 120.0
+STALL_STEPS = 10.0
+STALL_RETRIES = 1  # a trial that stalls again after its retry is FAILED for good
+STALLS_TAG = "pdm.stalls"
+
+
+def trial_bounds(env=None) -> Bounds:
+    """The watchdog bounds of a Tune trial: the defaults above, or the site's (``site_bounds``)."""
+    from pdmask.watchdog import site_bounds
+
+    stall, startup = site_bounds(env)
+    return Bounds(
+        startup_seconds=startup or STARTUP_SECONDS,
+        stall_seconds=stall or STALL_SECONDS,
+        poll_seconds=min(10.0, (stall or STALL_SECONDS) / 4),
+        stall_steps=STALL_STEPS,
+    )
 
 
 def trial_from_config(config: dict[str, Any]) -> Trial:
@@ -43,26 +73,34 @@ def run_trial(config: dict[str, Any]) -> None:
     """Tune function trainable."""
     from ray import tune
 
-    from pdmask.orchestration.claims import Claim
     from pdmask.tracking import TrialRun, open_client
     from pdmask.tracking.store import redact, resolve_tracking_uri
 
     trial = trial_from_config(config)
     base = {"pdm_trial_hash": trial.trial_hash, "pdm_total_steps": 0}
-    with Claim(trial.trial_hash) as claimed:
-        if not claimed:
-            tune.report({**base, "pdm_outcome": "claimed-elsewhere"})
-            return
-        # The store comes with the worker's environment (never in the Tune config, which Tune
-        # writes to disk): a URI may hold a password. The driver checked it before launching.
-        uri = resolve_tracking_uri(None)
-        client = open_client(uri, integrity=False)
+    # The store comes with the worker's environment (never in the Tune config, which Tune
+    # writes to disk): a URI may hold a password. The driver checked it before launching.
+    uri = resolve_tracking_uri(None)
+    client = open_client(uri, integrity=False)
+    claim, waited_for = _claim(trial.trial_hash, config["experiment_id"], client, base)
+    if claim is None:
+        tune.report({**base, "pdm_outcome": "claimed-elsewhere"})
+        return
+    try:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
             tags["pdm.search_point"] = json.dumps(config["search"], sort_keys=True)
         run = TrialRun.start_or_resume(client, config["experiment_id"], trial, tags)
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
+            return
+        if waited_for:
+            run.note(f"waited for sweep {waited_for}, which trained the same trial first")
+        stalls = _stalls(client, run.run_id) if run.resumed else 0
+        if stalls > STALL_RETRIES:
+            reason = f"stalled {stalls} times (each attempt's reason is in pdm.failures): not retried again"
+            run.fail(reason, final=True, kind="stall")
+            tune.report({**base, "pdm_outcome": "stalled", "pdm_error": reason})
             return
         try:
             final = _train(config, trial, run, base, redact(uri))
@@ -80,6 +118,38 @@ def run_trial(config: dict[str, Any]) -> None:
             run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:], final=True)
             raise
         tune.report(final)  # after the run is FINISHED: a stop arriving now cannot touch it
+    finally:
+        claim.release()
+
+
+WAIT_POLL_S = 2.0  # how often a trial waiting for another sweep's claim looks again
+
+
+def _claim(trial_hash: str, experiment_id: str, client, base: dict[str, Any]):
+    """``(claim, waited_for)``: the trial's claim, taken, or None when another invocation of
+    this same sweep holds it (it trains the trial into this experiment). When the holder is
+    another sweep (another experiment) this waits for it, reporting to Tune, since both need a
+    run of the trial and its checkpoint folder is one; ``waited_for`` names that sweep."""
+    from ray import tune
+
+    from pdmask.orchestration.claims import Claim, claim_holder
+
+    waited_for = None
+    while True:
+        claim = Claim(trial_hash, holder=experiment_id)
+        if claim.take():
+            return claim, waited_for
+        other = claim_holder(trial_hash)
+        if other in (None, experiment_id):
+            return None, waited_for
+        if waited_for is None:
+            try:
+                waited_for = client.get_experiment(other).name
+            except Exception:  # a holder's experiment this store does not know: its id then
+                waited_for = f"experiment {other}"
+        # a stop request (SIGINT) arrives as SystemExit from tune.report: the wait ends with it
+        tune.report({**base, "pdm_waiting_for": waited_for})
+        time.sleep(WAIT_POLL_S)
 
 
 def _train(
@@ -106,6 +176,8 @@ def _train(
     latest: dict[str, float] = {}
 
     def reporter(step: int, metrics: dict[str, float]) -> None:
+        if dog is not None:
+            dog.beat(f"step {step}")
         run.log(step, metrics)
         latest.update(metrics)
         report = {**base, "pdm_step": step, "pdm_attempt": run.attempt}
@@ -121,9 +193,38 @@ def _train(
         from pdmask.orchestration.calibration import busy_trial
 
         backend = partial(busy_trial, seconds=calibration)
-    summary = backend(trial, recipe, reporter=reporter, workdir=workdir, should_stop=lambda: False)
+    bounds = Bounds(**config["watchdog"]) if config.get("watchdog") else None
+    dog = Watchdog(bounds, partial(_end_stalled, run)).start() if bounds else None
+    try:
+        summary = backend(
+            trial, recipe, reporter=reporter, workdir=workdir, should_stop=lambda: False
+        )
+    finally:
+        if dog is not None:
+            dog.stop()
     run.finish(summary)
     final = {**base, "pdm_outcome": "finished", "pdm_step": run.last_step}
     if objective and objective in latest:
         final["pdm_objective"] = latest[objective]
     return final
+
+
+def _stalls(client, run_id: str) -> int:
+    from pdmask.tracking.runs import with_retry
+
+    return int(with_retry(lambda: client.get_run(run_id)).data.tags.get(STALLS_TAG, "0"))
+
+
+def _end_stalled(run, reason: str) -> None:
+    """The watchdog's fault action in a Tune trial: the run FAILED with the reason (kind
+    ``stall``, counted in ``pdm.stalls``), then this worker process ends; Tune sees a crashed
+    trial and retries it (``STALL_RETRIES``)."""
+    from pdmask.tracking.runs import with_retry
+
+    def record(why: str) -> None:
+        stalls = _stalls(run.client, run.run_id) + 1
+        with_retry(lambda: run.client.set_tag(run.run_id, STALLS_TAG, str(stalls)))
+        with_retry(lambda: run.client.set_tag(run.run_id, WATCHDOG_TAG, why))
+        run.fail(why, final=True, kind="stall")
+
+    end_process(reason, record)

@@ -198,3 +198,30 @@ def _append_failure(client, run, reason: str) -> None:
     )
     text = json.dumps(failures[-20:])
     with_retry(lambda: client.set_tag(run.info.run_id, "pdm.failures", text))
+
+
+def take_watchdog_reason(client, run_id: str | None) -> str | None:
+    """Why the attempt's watchdog ended it (``pdmask/watchdog.py``), or None; read once: the tag
+    is removed so that a later attempt of the run does not carry it. Best effort: the caller
+    still has its own account of the failure."""
+    from pdmask.watchdog import WATCHDOG_TAG
+
+    if run_id is None:
+        return None
+    try:
+        run = with_retry(lambda: client.get_run(run_id))
+        reason = run.data.tags.get(WATCHDOG_TAG)
+        if reason:
+            with_retry(lambda: client.delete_tag(run_id, WATCHDOG_TAG))
+    except Exception:
+        return None
+    return reason or None
+
+
+def attempt_failure(run) -> str | None:
+    """The first line of the failure its current attempt recorded on ``run``, or None (an
+    attempt that was killed records nothing: the next one notes it)."""
+    attempt = run.data.tags.get("pdm.attempts")
+    failures = json.loads(run.data.tags.get("pdm.failures", "[]"))
+    own = [f for f in failures if str(f.get("attempt")) == attempt and f.get("reason")]
+    return own[-1]["reason"].strip().splitlines()[0] if own else None

@@ -89,8 +89,8 @@ STALL_FLOOR_SECONDS = 600.0
 
 def watchdog_bounds(trial: Trial, cluster: str, settings: JobSettings | None = None):
     """The stall and start-up bounds of a trial's job on a cluster profile (the site's
-    ``PDM_VERL_STALL_SECONDS`` / ``PDM_VERL_STARTUP_SECONDS`` win)."""
-    from pdmask.backends.verl.watchdog import Bounds
+    ``PDM_STALL_SECONDS`` / ``PDM_STARTUP_SECONDS`` win)."""
+    from pdmask.watchdog import Bounds
 
     settings = settings or JobSettings()
     profile = CLUSTERS[cluster]
@@ -321,7 +321,7 @@ def job_env_vars(
     """The Ray job's environment: verl's plugin and MLflow run, the recipe file it carries (if
     any), the trial's identity, its watchdog's bounds, and on a CPU profile verl's CPU platform."""
     from pdmask.backends.verl.overrides import job_env
-    from pdmask.backends.verl.watchdog import WATCHDOG_ENV
+    from pdmask.watchdog import WATCHDOG_ENV
 
     env = job_env(tracking_uri=tracking_uri, run_id=run_id, file_recipe=file_recipe)
     if on_cpu(cluster):

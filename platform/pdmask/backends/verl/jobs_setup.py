@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdmask.errors import ConfigError
+from pdmask.watchdog import site_bounds
 
 
 class PaperSetup(BaseModel):
@@ -102,13 +103,14 @@ class JobSettings(BaseModel):
     stall_seconds: float | None = Field(
         None,
         gt=0,
-        description="PDM_VERL_STALL_SECONDS: a job's watchdog ends it after this long without a "
-        "finished step or validation (default: four of the model's estimated steps, at least 600).",
+        description="PDM_STALL_SECONDS (shared with the Tune trials: pdmask/watchdog.py): a job's "
+        "watchdog ends it after this long without a finished step or validation (default: four "
+        "of the model's estimated steps, at least 600).",
     )
     startup_seconds: float | None = Field(
         None,
         gt=0,
-        description="PDM_VERL_STARTUP_SECONDS: how long a job may run before its first finished "
+        description="PDM_STARTUP_SECONDS: how long a job may run before its first finished "
         "step or validation (default: the cluster profile's `job_startup_seconds`).",
     )
     extra_overrides: tuple[str, ...] = Field(
@@ -125,6 +127,7 @@ class JobSettings(BaseModel):
             extra = tuple(shlex.split(raw))
         except ValueError as err:
             raise ConfigError(f"PDM_VERL_OVERRIDES: cannot split {raw!r}: {err}") from None
+        stall, startup = site_bounds(env)
         bad = [o for o in extra if "=" not in o]
         if bad:
             raise ConfigError(f"PDM_VERL_OVERRIDES: not key=value: {', '.join(bad)}")
@@ -133,8 +136,8 @@ class JobSettings(BaseModel):
             checkpoint_dir=env.get("PDM_VERL_CHECKPOINT_DIR") or None,
             model_root=env.get("PDM_MODEL_ROOT") or None,
             entrypoint=env.get("PDM_VERL_ENTRYPOINT") or cls.model_fields["entrypoint"].default,
-            stall_seconds=env.get("PDM_VERL_STALL_SECONDS") or None,
-            startup_seconds=env.get("PDM_VERL_STARTUP_SECONDS") or None,
+            stall_seconds=stall,
+            startup_seconds=startup,
             extra_overrides=extra,
         )
 

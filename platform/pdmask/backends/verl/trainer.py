@@ -21,6 +21,7 @@ from pdmask.backends.verl.checks import TRAINER_NAME, check_job_config
 from pdmask.backends.verl.loss_names import method_for_loss_mode
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY
 from pdmask.backends.verl.worker import PDMActorRolloutRefWorker
+from pdmask.watchdog import Bounds
 
 compat.require(["trainer"])
 
@@ -48,7 +49,7 @@ class PDMTrainerSync(PPOTrainerSync):
 
     def init(self):
         with tracking.failure_marked():
-            bounds = watchdog.Bounds.from_env()
+            bounds = Bounds.from_env()
             if bounds is not None:  # before verl's set-up: the first weight sync happens in it
                 self._watchdog = watchdog.JobWatchdog(
                     bounds, lambda: watchdog.server_handles(self), watchdog.end_job
