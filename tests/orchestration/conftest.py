@@ -37,12 +37,15 @@ def env_for(project: Path) -> dict[str, str]:
     return env
 
 
-def pdm(project: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+def pdm(
+    project: Path, *args: str, timeout: float = 300, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``env``: variables set on top of the project's (e.g. ``PDM_STALL_SECONDS``)."""
     return subprocess.run(
         [sys.executable, "-m", "pdmask", *args],
         capture_output=True,
         text=True,
-        env=env_for(project),
+        env={**env_for(project), **(env or {})},
         cwd=project,
         timeout=timeout,
     )

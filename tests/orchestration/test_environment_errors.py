@@ -4,14 +4,12 @@ hundreds of lines of tracebacks; ``PDM_DEBUG=1`` shows the traceback."""
 from __future__ import annotations
 
 import errno
-import subprocess
-import sys
 
 import pytest
 
 from pdmask.errors import environment_error
 
-from .conftest import env_for
+from .conftest import pdm
 
 pytestmark = pytest.mark.processes
 
@@ -26,13 +24,10 @@ def test_each_machine_failure_says_what_to_do():
 
 @pytest.mark.parametrize("args", [["sweep", "smoke", "--dry-run"], ["sweep", "smoke"]])
 def test_a_state_folder_that_cannot_exist_is_one_line(project, args):
-    env = {**env_for(project), "PDM_HOME": "/dev/null/state"}
-    run = [sys.executable, "-m", "pdmask", *args]
-    out = subprocess.run(run, capture_output=True, text=True, env=env, cwd=project, timeout=120)
+    unusable = {"PDM_HOME": "/dev/null/state"}
+    out = pdm(project, *args, timeout=120, env=unusable)
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "Not a directory (/dev/null/state)" in lines[0], out.stderr
-    debug = subprocess.run(
-        run, capture_output=True, text=True, env={**env, "PDM_DEBUG": "1"}, cwd=project, timeout=120
-    )
+    debug = pdm(project, *args, timeout=120, env={**unusable, "PDM_DEBUG": "1"})
     assert debug.returncode != 0 and "Traceback" in debug.stderr

@@ -12,7 +12,7 @@ import pytest
 from pdmask.loopback import LOOPBACK
 from pdmask.orchestration.ray_address import CONNECT_TIMEOUT_S, address_problems
 
-from .conftest import ONE_TRIAL, env_for, write_sweep
+from .conftest import ONE_TRIAL, pdm, write_sweep
 
 pytestmark = pytest.mark.processes
 
@@ -62,21 +62,10 @@ def test_a_listening_address_and_no_address_pass():
 
 @pytest.mark.parametrize("dry_run", [True, False])
 def test_the_sweep_refuses_a_bad_address_before_creating_anything(project, dry_run):
-    import subprocess
-    import sys
-
     write_sweep(project, "one", ONE_TRIAL)
     for address in ("foo", f"{LOOPBACK}:{_closed_port()}"):
-        env = {**env_for(project), "RAY_ADDRESS": address}
         args = ["sweep", "one", *(["--dry-run"] if dry_run else [])]
-        out = subprocess.run(
-            [sys.executable, "-m", "pdmask", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=project,
-            timeout=120,
-        )
+        out = pdm(project, *args, timeout=120, env={"RAY_ADDRESS": address})
         text = out.stdout + out.stderr
         assert out.returncode == 2, text
         assert f"--address / RAY_ADDRESS: {address}:" in text and "Traceback" not in text

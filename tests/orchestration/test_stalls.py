@@ -9,13 +9,11 @@ the reasons.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
-from tests.orchestration.conftest import env_for, sweep_runs, write_sweep
+from tests.orchestration.conftest import pdm, sweep_runs, write_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
@@ -67,20 +65,9 @@ BOUND_S = 600  # three attempts, each ending within its bound, with room for a l
 def test_a_stalled_trial_is_failed_retried_once_then_failed_for_good(project):
     (project / "recipes" / "stuck.py").write_text(STUCK)
     write_sweep(project, "stuck", SWEEP)
-    env = {
-        **env_for(project),
-        "PDM_STALL_SECONDS": str(STALL_S),
-        "PDM_STARTUP_SECONDS": str(STARTUP_S),
-    }
+    bounds = {"PDM_STALL_SECONDS": str(STALL_S), "PDM_STARTUP_SECONDS": str(STARTUP_S)}
     started = time.monotonic()
-    out = subprocess.run(
-        [sys.executable, "-m", "pdmask", "sweep", "stuck"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=project,
-        timeout=BOUND_S,
-    )
+    out = pdm(project, "sweep", "stuck", timeout=BOUND_S, env=bounds)
     took = time.monotonic() - started
     text = " ".join((out.stdout + out.stderr).split())
     assert out.returncode == 1, text[-3000:]

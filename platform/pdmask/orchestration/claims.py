@@ -28,10 +28,15 @@ from pdmask.paths import state_dir
 WAIT_SECONDS = 5.0
 
 
+def _claim_file(trial_hash: str) -> Path:
+    return state_dir() / "claims" / f"{trial_hash}.lock"
+
+
 def claim_path(trial_hash: str) -> Path:
-    folder = state_dir() / "claims"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"{trial_hash}.lock"
+    """The trial's claim file, its folder made."""
+    path = _claim_file(trial_hash)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 class Claim:
@@ -90,9 +95,8 @@ def claim_holder(trial_hash: str) -> str | None:
 def claim_held(trial_hash: str) -> bool:
     """Whether a live process holds the trial's claim right now; takes nothing, writes nothing
     (the dry run asks it of a RUNNING run: a SIGKILLed sweep leaves its runs RUNNING)."""
-    path = state_dir() / "claims" / f"{trial_hash}.lock"
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = os.open(_claim_file(trial_hash), os.O_RDONLY)
     except FileNotFoundError:
         return False
     try:

@@ -1,8 +1,8 @@
 """Ctrl-C, SIGTERM and SIGHUP during a sweep: stop in order, resumable, one exit code.
 
-While a sweep runs, SIGINT, SIGTERM and SIGHUP (its terminal closed) never raise in the middle of whatever the driver is
-doing (starting Ray, talking to the store, shutting Ray down): the first one only asks the sweep
-to stop. Tune then stops the running trials (``StopOnRequest``), Ray shuts down, the runs left
+While a sweep runs, SIGINT, SIGTERM and SIGHUP (its terminal closed) never raise in the middle of
+whatever the driver is doing (starting Ray, talking to the store, shutting Ray down): the first
+one only asks the sweep to stop. Tune then stops the running trials (``StopOnRequest``), Ray shuts down, the runs left
 RUNNING are marked KILLED, and the command exits with ``EXIT_INTERRUPTED`` whatever the moment
 of the signal. A second signal says it is still stopping; a third gives up at once (the reaper
 still removes Ray's processes; the next run repairs the runs' states).
@@ -34,8 +34,7 @@ class Interrupts:
     def __init__(self) -> None:
         self.count = 0
         self.event = threading.Event()
-        self.installed = False
-        self.signals: tuple[int, ...] = ()
+        self.signals: tuple[int, ...] = ()  # those handled (set by ``handled``; none off it)
 
     @property
     def requested(self) -> bool:
@@ -44,9 +43,8 @@ class Interrupts:
     def install(self) -> None:
         """(Re)install the handlers. Ray's driver replaces the SIGTERM handler with its own (it
         aborts the process) when it starts: the runner installs these again after ray.init."""
-        if self.installed:
-            for s in self.signals:
-                signal.signal(s, self._handle)
+        for s in self.signals:
+            signal.signal(s, self._handle)
 
     def _handle(self, signum, _frame) -> None:
         self.count += 1
@@ -70,7 +68,6 @@ def handled() -> Iterator[Interrupts]:
     interrupts.signals = tuple(
         s for s in SIGNALS if not (s == signal.SIGHUP and previous[s] == signal.SIG_IGN)
     )
-    interrupts.installed = True
     interrupts.install()
     try:
         yield interrupts

@@ -21,6 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from pdmask.console import table
+from pdmask.errors import ClusterLost
 from pdmask.orchestration.options import SweepOptions
 from pdmask.paths import state_dir
 from pdmask.registry import Registry, Sweep, Trial
@@ -146,7 +147,6 @@ def execute(
     from ray import tune
 
     from pdmask.backends.interface import load_backend
-    from pdmask.errors import ClusterLost
     from pdmask.orchestration.cluster_watch import ClusterWatch
     from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
     from pdmask.orchestration.local_ray import connect, reap_embedded
@@ -244,7 +244,7 @@ def execute(
     except KeyboardInterrupt:  # only without pdmask's handlers (a library caller)
         console.print("interrupted: stopping trials (they resume from their checkpoints next time)")
     except Exception as err:
-        lost = _cluster_lost(err, ClusterLost)
+        lost = _cluster_lost(err)
         if lost is None:
             raise
     finally:
@@ -260,10 +260,10 @@ def execute(
     return outcome
 
 
-def _cluster_lost(err: BaseException, kind: type) -> str | None:
+def _cluster_lost(err: BaseException | None) -> str | None:
     """The reason of a ``ClusterLost`` raised by the cluster watch, however Tune wrapped it."""
     while err is not None:
-        if isinstance(err, kind):
+        if isinstance(err, ClusterLost):
             return str(err)
         err = err.__cause__ or err.__context__
     return None

@@ -127,10 +127,10 @@ class JobSettings(BaseModel):
             extra = tuple(shlex.split(raw))
         except ValueError as err:
             raise ConfigError(f"PDM_VERL_OVERRIDES: cannot split {raw!r}: {err}") from None
-        stall, startup = site_bounds(env)
         bad = [o for o in extra if "=" not in o]
         if bad:
             raise ConfigError(f"PDM_VERL_OVERRIDES: not key=value: {', '.join(bad)}")
+        stall, startup = site_bounds(env)
         return cls(
             data_dir=env.get("PDM_DATA_DIR") or None,
             checkpoint_dir=env.get("PDM_VERL_CHECKPOINT_DIR") or None,
