@@ -17,11 +17,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pdmask.loopback import free_port
+from pdmask.orchestration.local_ray import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once
@@ -69,9 +71,15 @@ def stop_by_pid(pids: list[int], grace: float = 5.0) -> None:
             time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    """``http://127.0.0.1:PORT`` of a fresh head with 2 CPUs and 16 fake GPUs."""
+@dataclass
+class RayHead:
+    address: str  # http://127.0.0.1:PORT, the Jobs API
+    process: subprocess.Popen  # `ray start --block`, the root of every process the head starts
+
+
+@contextlib.contextmanager
+def ray_head_process():
+    """A fresh head with 2 CPUs and 16 fake GPUs, stopped by PID (its whole tree) on exit."""
     tmp = tempfile.mkdtemp(
         prefix="pdmray", dir="/tmp"
     )  # short: Ray's socket paths are length-capped
@@ -105,7 +113,9 @@ def ray_head():
     log = open(Path(tmp) / "head.log", "w")  # noqa: SIM115 (closed at teardown)
     head = subprocess.Popen(
         cmd,
-        env={**os.environ, **RAY_ENV},
+        # Ray's single-machine mode, as pdm's own local heads run: every server of the head binds
+        # to loopback (in cluster mode its GCS and raylet listen on every interface, open).
+        env={**os.environ, **RAY_ENV, **LOOPBACK_ENV},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -113,12 +123,19 @@ def ray_head():
     address = f"http://127.0.0.1:{dash}"
     try:
         _wait_for_jobs_api(address, head, Path(tmp) / "head.log")
-        yield address
+        yield RayHead(address, head)
     finally:
         stop_by_pid(_descendants(head.pid))
         head.wait(timeout=10)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """``http://127.0.0.1:PORT`` of a fresh head (``ray_head_process``) for the module's tests."""
+    with ray_head_process() as head:
+        yield head.address
 
 
 def _wait_for_jobs_api(
