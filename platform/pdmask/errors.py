@@ -15,8 +15,10 @@ Code that catches ``Exception`` to keep a sweep alive must re-raise ``ConfigErro
 errors fail fast and are never retried.
 
 The machine's own failures (a full disk, a read-only or vanished state folder, a permission) reach
-the CLI as ``OSError``; ``environment_error`` turns them into one line (exit 2), and
-``PDM_DEBUG=1`` shows the traceback instead.
+the CLI as ``OSError``, or as a store error whose cause is sqlite's (``sqlite3.OperationalError``:
+"database or disk is full", "attempt to write a readonly database" once its file is deleted);
+``environment_error`` turns them into one line (exit 2, before or during a sweep: what finished
+is kept and the same command resumes), and ``PDM_DEBUG=1`` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -135,12 +137,41 @@ _ENVIRONMENT_HINTS = {
 }
 
 
-def environment_error(err: OSError) -> str | None:
-    """One line for an ``OSError`` caused by the machine rather than by pdmask (None otherwise)."""
-    hint = _ENVIRONMENT_HINTS.get(err.errno)
-    if hint is None:
-        return None
-    where = f" ({err.filename})" if err.filename else ""
-    return (
-        f"{err.strerror or err}{where}: {hint}; what finished is kept: run the same command again"
-    )
+# sqlite's words for the same failures (it reports them as messages, not errno values).
+_SQLITE_HINTS = {
+    "database or disk is full": _ENVIRONMENT_HINTS[errno.ENOSPC],
+    "attempt to write a readonly database": (
+        "the store's file or the state folder was deleted or made read-only while pdm ran: "
+        "restore it or point PDM_HOME at a writable folder"
+    ),
+    "unable to open database file": "the state folder is gone or cannot be written: check PDM_HOME",
+    "disk i/o error": "the disk failed a read or write (full, removed or read-only?)",
+}
+
+
+def _chain(err: BaseException):
+    """``err`` and the exceptions it was raised from or while handling, outermost first."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def environment_error(err: BaseException) -> str | None:
+    """One line for a failure caused by the machine rather than by pdmask (None otherwise):
+    an ``OSError`` of a known kind, or a store error caused by sqlite's own report of one."""
+    for link in _chain(err):
+        if isinstance(link, OSError) and link.errno in _ENVIRONMENT_HINTS:
+            where = f" ({link.filename})" if link.filename else ""
+            return _line(f"{link.strerror or link}{where}", _ENVIRONMENT_HINTS[link.errno])
+        if type(link).__name__ == "OperationalError" and type(link).__module__ == "sqlite3":
+            text = str(link).lower()
+            hint = next((h for words, h in _SQLITE_HINTS.items() if words in text), None)
+            if hint is not None:
+                return _line(f"the tracking store cannot be written (sqlite: {link})", hint)
+    return None
+
+
+def _line(what: str, hint: str) -> str:
+    return f"{what}: {hint}; what finished is kept: run the same command again"

@@ -4,12 +4,17 @@ hundreds of lines of tracebacks; ``PDM_DEBUG=1`` shows the traceback."""
 from __future__ import annotations
 
 import errno
+import shutil
+import sqlite3
 
 import pytest
 
-from pdmask.errors import environment_error
+from pdmask.errors import TrackingError, environment_error
 
-from .conftest import pdm
+from . import procs
+from .conftest import ONE_TRIAL, SLOW, pdm, pdm_background, write_sweep
+from .test_signals import _wait_for
+from .test_sweep_runs import _pid_files, finished_exactly_once
 
 pytestmark = pytest.mark.processes
 
@@ -20,6 +25,48 @@ def test_each_machine_failure_says_what_to_do():
     assert "run the same command again" in full
     assert "read-only" in environment_error(OSError(errno.EROFS, "Read-only file system"))
     assert environment_error(OSError(errno.ECONNRESET, "reset")) is None  # not the machine's
+
+
+def _raised_from(cause: BaseException) -> BaseException:
+    """An error of the store's own type raised from ``cause``, as MLflow's are from sqlite's."""
+    try:
+        try:
+            raise cause
+        except BaseException as err:
+            raise TrackingError("store update failed") from err
+    except TrackingError as outer:
+        return outer
+
+
+def test_sqlites_reports_of_the_same_failures_are_read_through_the_store_error():
+    gone = environment_error(
+        _raised_from(sqlite3.OperationalError("attempt to write a readonly database"))
+    )
+    assert "the tracking store cannot be written" in gone and "deleted" in gone
+    full = environment_error(_raised_from(sqlite3.OperationalError("database or disk is full")))
+    assert "the disk is full" in full
+    assert environment_error(_raised_from(sqlite3.OperationalError("no such table: runs"))) is None
+    assert environment_error(_raised_from(OSError(errno.ENOSPC, "No space left"))) is not None
+
+
+@pytest.mark.slow
+def test_a_state_folder_deleted_mid_sweep_is_one_line_and_the_same_command_runs_again(project):
+    (project / "recipes" / "slow.py").write_text(SLOW)  # still training when the folder goes
+    write_sweep(project, "two", ONE_TRIAL.replace("method: [pdm-agg]", "method: [slow]"))
+    proc = pdm_background(project, "sweep", "two", start_new_session=True)
+    watch = procs.Watch(proc.pid)
+    _wait_for(lambda: bool(_pid_files(project)), proc)  # a trial is training
+    shutil.rmtree(project / ".pdm")
+    out, _ = proc.communicate(timeout=300)
+    watch.stop()
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the tracking store cannot be written" in errors[0], out[-3000:]
+    assert not procs.survivors(project, watch), "processes outlived the sweep"
+    again = pdm(project, "sweep", "two", timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    finished_exactly_once(project, "two")
 
 
 @pytest.mark.parametrize("args", [["sweep", "smoke", "--dry-run"], ["sweep", "smoke"]])

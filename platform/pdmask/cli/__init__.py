@@ -11,7 +11,8 @@ are resolved when typer builds the command), and a command is built only when it
 --help` lists every command from its help text without building any. Errors derived from
 :class:`pdmask.errors.PdmError` are printed without a traceback and exit with their
 ``exit_code`` (2 for bad input); Ctrl-C exits 130; a failure of the machine (disk full, state
-folder read-only or gone) is one line and exit 2 (``errors.environment_error``).
+folder read-only or gone, sqlite reporting the same) is one line and exit 2
+(``errors.environment_error``).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Commands(TyperGroup):
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)
             raise typer.Exit(130) from None
-        except OSError as err:  # the machine's failure, not pdmask's: one line (PDM_DEBUG: all)
+        except Exception as err:  # the machine's failure, not pdmask's: one line (PDM_DEBUG: all)
             line = environment_error(err)
             if line is None or os.environ.get("PDM_DEBUG"):
                 raise

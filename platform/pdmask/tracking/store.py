@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import logging
 import os
 import re
 import socket
@@ -135,6 +136,11 @@ def sqlite_client(uri: str):
     """
     from mlflow.tracking import MlflowClient
 
+    if not os.environ.get("PDM_DEBUG"):
+        # MLflow's sqlite layer logs every database error with its traceback, then raises it: the
+        # caller reports it (a full disk or a deleted store: one line, errors.environment_error).
+        # Its "Creating initial MLflow database tables..." lines go with it.
+        logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
     with _file_lock(sqlite_path(uri).with_suffix(".init.lock")):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)
