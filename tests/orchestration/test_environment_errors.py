@@ -6,13 +6,15 @@ from __future__ import annotations
 import errno
 import shutil
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from pdmask.errors import TrackingError, environment_error
 
 from . import procs
-from .conftest import ONE_TRIAL, SLOW, pdm, pdm_background, write_sweep
+from .conftest import ONE_TRIAL, SLOW, env_for, pdm, pdm_background, write_sweep
 from .test_signals import _wait_for
 from .test_sweep_runs import _pid_files, finished_exactly_once
 
@@ -78,3 +80,44 @@ def test_a_state_folder_that_cannot_exist_is_one_line(project, args):
     assert len(lines) == 1 and "Not a directory (/dev/null/state)" in lines[0], out.stderr
     debug = pdm(project, *args, timeout=120, env={**unusable, "PDM_DEBUG": "1"})
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+@pytest.fixture
+def small_disk(project):
+    """A 64 MB tmpfs of the test's own (root may mount one; elsewhere the test cannot run)."""
+    mount = project / "disk"
+    mount.mkdir()
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs to fill here: {made.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.slow
+def test_a_disk_filled_mid_sweep_is_one_line_and_the_same_command_resumes(project, small_disk):
+    (project / "recipes" / "slow.py").write_text(SLOW)  # still training when the disk fills
+    write_sweep(project, "two", ONE_TRIAL.replace("method: [pdm-agg]", "method: [slow]"))
+    env = {**env_for(project), "PDM_HOME": str(small_disk / "state")}
+    cmd = [sys.executable, "-m", "pdmask", "sweep", "two"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env, cwd=project, start_new_session=True)  # fmt: skip
+    watch = procs.Watch(proc.pid)
+    trials = small_disk / "state" / "trials"
+    _wait_for(lambda: trials.is_dir() and any(trials.glob("*/pid")), proc)  # a trial trains
+    filler = small_disk / "filler"
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=100"], capture_output=True
+    )  # fmt: skip  (stops at the disk's end: ENOSPC)
+    out, _ = proc.communicate(timeout=300)
+    watch.stop()
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the disk is full" in errors[0], out[-3000:]
+    assert str(small_disk / "state") in errors[0]  # names the folder that could not be written
+    assert not procs.survivors(project, watch), "processes outlived the sweep"
+    filler.unlink()
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=project, timeout=300)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]

@@ -151,6 +151,7 @@ def execute(
     from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
     from pdmask.orchestration.local_ray import connect, reap_embedded
     from pdmask.orchestration.progress import SweepProgress
+    from pdmask.orchestration.storage import check_writable, quiet_storage_logs
     from pdmask.orchestration.trainable import run_trial, trial_bounds
 
     done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
@@ -173,6 +174,7 @@ def execute(
 
     env = {"PDM_PROJECT": str(root), "PDM_HOME": str(state_dir()), "MLFLOW_TRACKING_URI": uri}
     started_ray = connect(address, env)
+    quiet_storage_logs()
     interrupts.install()  # Ray's driver took SIGTERM over
     # The tracking URI reaches the trials through their environment only: Tune writes its
     # config to disk and a URI may hold a password.
@@ -246,6 +248,7 @@ def execute(
     except Exception as err:
         lost = _cluster_lost(err)
         if lost is None:
+            check_writable(state_dir())  # a full or vanished disk is the cause Tune cannot name
             raise
     finally:
         progress.close()

@@ -73,6 +73,10 @@ def run_trial(config: dict[str, Any]) -> None:
     """Tune function trainable."""
     from ray import tune
 
+    from pdmask.orchestration.storage import quiet_storage_logs
+
+    quiet_storage_logs()  # this worker's checkpoint syncs, like the driver's (storage.py)
+
     from pdmask.tracking import TrialRun, open_client
     from pdmask.tracking.store import redact, resolve_tracking_uri
 
