@@ -70,6 +70,8 @@ LONGEST_FIRST = (
     "orchestration/test_trial_runs.py",
     "orchestration/test_stalls.py",
     "orchestration/test_lost_cluster.py",
+    "orchestration/test_environment_errors.py",
+    "benchmarks/test_gpu_check.py",
     "cluster/test_ray_jobs.py",
     "library/test_notebook_sweep.py",
     "verl_cpu/test_vllm_topk.py",

@@ -17,9 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
-# Elements of the float32 chunk buffer: ~2 MB keeps a chunk in the CPU's cache, which matters
-# because every statistic is one more sweep over the chunk (measured: 2**19 beats 2**21 by ~15 %).
-DEFAULT_CHUNK_ELEMENTS = 2**19
+# Elements of the float32 chunk buffer, by device type. Every chunk costs a fixed number of
+# kernels (about ten in the forward, four in the backward), whatever its size:
+# - CPU: ~2 MB keeps a chunk in the cache, which matters because every statistic is one more
+#   sweep over the chunk (measured: 2**19 beats 2**21 by ~15 %);
+# - GPU: a chunk must be big enough that its kernels run far longer than they take to launch
+#   (~5 us each). 2**26 elements (256 MiB of float32, 441 rows at V = 151,936) is one ~60 us
+#   sweep at an H200's ~4.3 TB/s, so launches cost under a tenth, for 256 MiB of memory. Derived,
+#   not yet measured: the GPU check's chunk sweep measures it (benchmarks/README.md).
+CHUNK_ELEMENTS = {"cpu": 2**19, "cuda": 2**26}
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -27,12 +33,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def rows_per_chunk(vocab_size: int, chunk_size: int | None) -> int:
+def rows_per_chunk(
+    vocab_size: int, chunk_size: int | None, device: torch.device | str = "cpu"
+) -> int:
+    """Rows per chunk: ``chunk_size`` when given, else the device type's element budget."""
     if chunk_size is not None:
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
         return chunk_size
-    return max(1, DEFAULT_CHUNK_ELEMENTS // max(vocab_size, 1))
+    elements = CHUNK_ELEMENTS.get(torch.device(device).type, CHUNK_ELEMENTS["cpu"])
+    return max(1, elements // max(vocab_size, 1))
 
 
 @dataclass
@@ -110,6 +120,6 @@ def chunked_logits_pass(
     Every support id must be a real vocabulary id; duplicates are allowed (a duplicate of an id
     already in the support zeroes nothing new), which is how invalid slots are neutralised.
     """
-    rows = rows_per_chunk(logits.shape[-1], chunk_size)
+    rows = rows_per_chunk(logits.shape[-1], chunk_size, logits.device)
     out = _ChunkedLogitsPass.apply(logits, sampled, support_ids, rows, second_order)
     return LogitsPass(*out)

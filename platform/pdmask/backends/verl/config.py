@@ -62,8 +62,9 @@ class PDMPolicyLossConfig(PolicyLossConfig):
     pdm_chunk_size: Optional[int] = field(  # noqa: UP045
         default=None,
         metadata=_doc(
-            "Rows of logits per chunk in the statistics pass (None = about 8 MB of float32 per "
-            "chunk). Only memory and speed change, never the numbers."
+            "Rows of logits per chunk in the statistics pass (None = the device's default: "
+            "2 MB of float32 per chunk on CPU, 256 MiB on GPU; trust_region.logits_pass). Only "
+            "memory and speed change, never the numbers."
         ),
     )
     pdm_support: str = field(

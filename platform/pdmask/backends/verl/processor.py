@@ -25,12 +25,11 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_i
 
 from pdmask.backends.verl.layout import OLD_ID_KEY, OLD_LP_KEY, packed_rows
 from pdmask.trust_region import SENTINEL_THRESHOLD, TokenStats, compute_token_stats
+from pdmask.trust_region.logits_pass import rows_per_chunk
 
 STAT_KEY = "pdm_stat_{}"
 PHASE_KEY = "pdm_phase"
 OLD_PHASE = "old"
-# About 8 MB of float32 per chunk, the math API's default, for the old-policy top-K pass too.
-_CHUNK_ELEMENTS = 2**21
 
 
 @dataclass(frozen=True)
@@ -122,7 +121,7 @@ def old_policy_topk_outputs(
     n, vocab = logits.shape
     sampled = _sampled_ids(data, logits.device)
     _check_rows("input_ids", sampled.shape[0], logits)
-    rows = chunk_size or max(1, _CHUNK_ELEMENTS // vocab)
+    rows = rows_per_chunk(vocab, chunk_size, logits.device)  # the math API's chunks
     top_ids = torch.empty(n, k, dtype=torch.long, device=logits.device)
     top_lps = torch.empty(n, k, dtype=torch.float32, device=logits.device)
     sampled_lps = torch.empty(n, dtype=torch.float32, device=logits.device)

@@ -1,0 +1,115 @@
+"""The prepared GPU check runs, whole, on CPU at tiny sizes: it cannot rot before a GPU is lent.
+
+One run of ``benchmarks/gpu_check.py --device cpu --tiny`` (the README's code check) feeds the
+assertions on every part; the fused Triton kernel runs in Triton's interpreter and is held to a
+float64 reference. A second, in-process run shows that one part's failure costs no other part.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECK = ROOT / "benchmarks" / "gpu_check.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu_check")
+    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "VERL_PLATFORM")}
+    proc = subprocess.run(
+        [sys.executable, str(CHECK), "--device", "cpu", "--tiny", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    records = [json.loads(line) for line in (out / "gpu_check.jsonl").read_text().splitlines()]
+    return proc, {r["part"]: r for r in records}, records
+
+
+def test_every_part_reports_one_ok_json_line(tiny_run):
+    proc, parts, records = tiny_run
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert [r["part"] for r in records] == ["environment", "loss", "hook", "engine"]
+    assert all(r["ok"] for r in records), [r.get("error") for r in records]
+    stdout = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert stdout == records  # stdout holds the same lines, and nothing else parses as JSON
+
+
+def test_loss_part_times_every_path_and_checks_verls_against_float64(tiny_run):
+    _, parts, _ = tiny_run
+    loss = parts["loss"]
+    expected = {"torch-ce", "verl-fused", "verl-fallback", "pdm-agg", "pdm-uni", "dppo-topk-kl"}
+    assert set(loss["paths"]) == expected
+    assert all(p["ms"] > 0 for p in loss["paths"].values())
+    assert loss["fused_kernel"] == "ran"
+    # float32 log-sum-exp over 1,024 bf16 logits: errors of order 1e-6
+    assert loss["logprob_max_abs_err"]["verl-fused"] < 1e-4
+    # one rounding of a float32 value to bf16: <= 0.5 spacing rounding to nearest (GPU), <= 1
+    # truncating (Triton's CPU interpreter)
+    assert loss["fused_grad_max_bf16_spacings"] <= 1.0 + 1e-3
+    # verl's fallback takes log-softmax in bf16 itself: worse, but still a log-prob
+    assert loss["logprob_max_abs_err"]["verl-fallback"] < 0.2
+    sweep = {int(k) for k in loss["chunk_sweep"]}
+    assert loss["chunk_default_rows"] in sweep and loss["chunk_fastest_rows"] in sweep
+    assert {1, 8, 64} <= sweep
+
+
+def test_hook_part_produces_pdmask_statistics(tiny_run):
+    _, parts, _ = tiny_run
+    hook = parts["hook"]
+    assert hook["stat_outputs"] > 0
+    assert hook["verl_ms"] > 0 and hook["pdmask_ms"] > 0
+    assert hook["verl_logprobs"] == "flash-attn branch (fused_logprob)"
+
+
+def test_engine_part_trains_two_steps_through_verls_fsdp_engine(tiny_run):
+    _, parts, _ = tiny_run
+    engine = parts["engine"]
+    assert engine["params"] > 0 and engine["micro_batches"] == 2
+    assert len(engine["steps"]) == 2
+    for step in engine["steps"]:
+        assert math.isfinite(step["loss"]) and step["loss"] != 0.0
+        assert math.isfinite(step["grad_norm"]) and step["grad_norm"] > 0  # it trained
+        assert 0.0 <= step["masked_frac"] <= 1.0
+    # the masked share verl reports as its clip fraction is the recipe's mask
+    assert engine["steps"][-1]["pg_clipfrac"] == engine["steps"][-1]["masked_frac"]
+
+
+def test_a_failing_part_costs_no_other_part(tmp_path, monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("VERL_PLATFORM", raising=False)
+    import gpu_check
+    from gpu import hook_memory, loss_paths
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted failure")
+
+    monkeypatch.setattr(hook_memory, "run", broken)
+    # this process imported triton long before the check could select its interpreter
+    monkeypatch.setattr(loss_paths, "fused_kernel_status", lambda device: "not in this test")
+    code = gpu_check.main(
+        ["--device", "cpu", "--tiny", "--parts", "hook,loss", "--out", str(tmp_path)]
+    )
+    records = [json.loads(x) for x in (tmp_path / "gpu_check.jsonl").read_text().splitlines()]
+    assert code == 1
+    assert [(r["part"], r["ok"]) for r in records] == [
+        ("environment", True),
+        ("hook", False),
+        ("loss", True),
+    ]
+    assert "planted failure" in records[1]["error"]
+    assert records[2]["fused_kernel"] == "skipped: not in this test"
+    assert "verl-fused" not in records[2]["paths"]
