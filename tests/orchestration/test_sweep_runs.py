@@ -208,3 +208,8 @@ search:
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
     assert len({r.data.tags["pdm.delta"] for r in runs}) == 3
     assert all(0.02 <= float(r.data.tags["pdm.delta"]) <= 0.3 for r in runs)
+    # nothing left to run: the summary still names the best trial, and counts (not a dict) in
+    # its rows (the early return once passed the best trial as the "elsewhere" count)
+    again = pdm(project, "sweep", "search")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "best trial:" in again.stdout and "run_name" not in again.stdout, again.stdout

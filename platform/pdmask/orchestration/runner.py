@@ -167,7 +167,7 @@ def execute(
         f"{skipped} already finished, {todo_count} to run (tracking: {redact(uri)})"
     )
     if not todo:
-        return SweepOutcome(0, 0, skipped, 0, _best(client, experiment_id, sweep))
+        return SweepOutcome(0, 0, skipped, 0, best=_best(client, experiment_id, sweep))
     interrupts = interrupts or Interrupts()
     if interrupts.requested:  # stopped while the store was checked: start nothing
         return _settle(client, experiment_id, sweep, trials, skipped, console)
@@ -312,9 +312,9 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
         failed,
         skipped,
         interrupted,
-        elsewhere,
-        _best(client, experiment_id, sweep),
-        config_errors,
+        elsewhere=elsewhere,
+        best=_best(client, experiment_id, sweep),
+        config_errors=config_errors,
     )
 
 
