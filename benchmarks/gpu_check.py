@@ -25,10 +25,12 @@ import os
 import sys
 import time
 import traceback
+from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("loss", "hook", "engine")
+VERL_ENGINE_PARTS = ("hook", "engine")  # they run verl's own log-prob code
 
 
 def _import_paths() -> None:
@@ -108,38 +110,27 @@ def main(argv=None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         out_file = args.out / "gpu_check.jsonl"
         out_file.write_text("")
-    fused = loss_paths.fused_kernel_status(device) is None
-
-    def verl_logprobs():
-        """verl's log-probs as on a GPU node with flash-attn, where the kernel can run."""
-        from contextlib import nullcontext
-
-        from gpu.fused_logprob import as_verls_flash_attn
-
-        return as_verls_flash_attn() if fused else nullcontext()
-
+    why_no_fused = loss_paths.fused_kernel_status(device)  # asked once: it compiles the kernel
     steps = {
         "environment": lambda: environment(device, standins),
         "loss": lambda: loss_paths.run(
-            device, loss_paths.TINY if args.tiny else loss_paths.FULL, repeats
+            device, loss_paths.TINY if args.tiny else loss_paths.FULL, repeats, why_no_fused
         ),
-        "hook": lambda: _with(
-            verl_logprobs(),
-            lambda: hook_memory.run(
-                device, hook_memory.SMALL if args.tiny else hook_memory.FULL, repeats
-            ),
+        "hook": lambda: hook_memory.run(
+            device, hook_memory.SMALL if args.tiny else hook_memory.FULL, repeats
         ),
-        "engine": lambda: _with(
-            verl_logprobs(),
-            lambda: engine_step.run(device, engine_step.SMALL if args.tiny else engine_step.FULL),
+        "engine": lambda: engine_step.run(
+            device, engine_step.SMALL if args.tiny else engine_step.FULL
         ),
     }
     started = time.perf_counter()
     failed = 0
     for part in ["environment", *parts]:
         t0 = time.perf_counter()
+        on_verl = part in VERL_ENGINE_PARTS and why_no_fused is None
         try:
-            record = {"part": part, "ok": True, **steps[part]()}
+            with _verls_flash_attn_branch() if on_verl else nullcontext():
+                record = {"part": part, "ok": True, **steps[part]()}
         except Exception as err:  # one part's failure must not cost the others
             failed += 1
             record = {
@@ -150,8 +141,8 @@ def main(argv=None) -> int:
             }
             say(f"\n{part}: FAILED: {record['error']}")
         record["seconds"] = round(time.perf_counter() - t0, 2)
-        if part in ("hook", "engine"):
-            record["verl_logprobs"] = "flash-attn branch (fused_logprob)" if fused else "fallback"
+        if part in VERL_ENGINE_PARTS:
+            record["verl_logprobs"] = "flash-attn branch (fused_logprob)" if on_verl else "fallback"
         emit(record, out_file)
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -160,9 +151,11 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
-def _with(context, fn):
-    with context:
-        return fn()
+def _verls_flash_attn_branch():
+    """verl's log-probs as on a GPU node with flash-attn (imports triton: only where it runs)."""
+    from gpu.fused_logprob import as_verls_flash_attn
+
+    return as_verls_flash_attn()
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 - ``hook_memory``: part (b), pdmask's logits hook inside verl's engine output path;
 - ``engine_step``: part (c), one optimizer step through verl's FSDP engine;
 - ``batches``: the synthetic packed micro-batches (b) and (c) feed verl;
+- ``recipes``: the recipe files at the check's delta, as (a) and (c) use them;
 - ``fused_logprob``: the fused log-prob kernel verl runs on GPU nodes (flash-attn's, rewritten);
 - ``prepare``, ``wheels.txt``, ``standins/``, ``standin_path``, ``import_check``: what travels to a
   machine with no package index, and what stands in for what cannot.

@@ -22,9 +22,9 @@ import torch
 from .batches import packed_batch
 from .measure import gb, say, sync
 from .models import QWEN3_0_6B, TINY, qwen3_config
+from .recipes import DELTA, recipe_with_params
 
 RECIPE = "pdm-agg"
-DELTA = 0.15
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,8 @@ def _carry_recipe() -> str:
     """The recipe goes into this process's environment the way a VeRL job carries it
     (``file_recipes``), so that pdmask's plugin registers its loss name in verl."""
     from pdmask.backends.verl.file_recipes import FileRecipe, declared
-    from pdmask.paths import project_root
-    from pdmask.registry.recipe_files import discover_recipes
 
-    recipes, _, _ = discover_recipes(project_root() / "recipes")
-    recipe = recipes[RECIPE]
-    params, errors = recipe.resolve_params({"delta": DELTA})
-    if errors:
-        raise RuntimeError(f"{RECIPE}: {errors}")
+    recipe, params = recipe_with_params(RECIPE)
     os.environ.update(FileRecipe.of(recipe, params, "bf16").env())
     declared.cache_clear()  # `import verl` read the (then empty) environment already
     from pdmask.backends.verl.plugin import register_losses

@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from .measure import Timed, copy_bandwidth_gbps, gb, interleaved, say
+from .recipes import DELTA, recipe_with_params
 
-DELTA = 0.15
 PDM_METHODS = ("pdm-agg", "pdm-uni", "dppo-topk-kl")
 
 
@@ -66,21 +66,11 @@ def make_inputs(size: Size, device: torch.device, seed: int = 0) -> dict[str, to
 
 
 def _methods():
-    from pdmask.paths import project_root
-    from pdmask.registry.recipe_files import discover_recipes
-
-    recipes, _, problems = discover_recipes(project_root() / "recipes")
-    if problems:
-        raise RuntimeError(f"recipes/ has problems: {problems}")
-
-    def method(name: str):
-        recipe = recipes[name]
-        params, errors = recipe.resolve_params({"delta": DELTA})
-        if errors:
-            raise RuntimeError(f"{name}: {errors}")
-        return recipe.method(params)
-
-    return {name: method(name) for name in PDM_METHODS}
+    methods = {}
+    for name in PDM_METHODS:
+        recipe, params = recipe_with_params(name)
+        methods[name] = recipe.method(params)
+    return methods
 
 
 def _verl_loss(logp_fn):
@@ -186,10 +176,10 @@ def _against_float64(x, fused_available: bool) -> dict:
     return record
 
 
-def run(device: torch.device, size: Size, repeats: int) -> dict:
+def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None) -> dict:
+    """``why_no_fused``: ``fused_kernel_status(device)``, asked once by the check."""
     from pdmask.trust_region.logits_pass import rows_per_chunk
 
-    why_no_fused = fused_kernel_status(device)
     fused = why_no_fused is None
     x = make_inputs(size, device)
     logits_bytes = x["logits"].numel() * x["logits"].element_size()

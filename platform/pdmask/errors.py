@@ -24,6 +24,7 @@ is kept and the same command resumes), and ``PDM_DEBUG=1`` shows the traceback i
 from __future__ import annotations
 
 import errno
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -165,7 +166,7 @@ def environment_error(err: BaseException) -> str | None:
         if isinstance(link, OSError) and link.errno in _ENVIRONMENT_HINTS:
             where = f" ({link.filename})" if link.filename else ""
             return _line(f"{link.strerror or link}{where}", _ENVIRONMENT_HINTS[link.errno])
-        if type(link).__name__ == "OperationalError" and type(link).__module__ == "sqlite3":
+        if isinstance(link, sqlite3.OperationalError):
             text = str(link).lower()
             hint = next((h for words, h in _SQLITE_HINTS.items() if words in text), None)
             if hint is not None:

@@ -51,15 +51,18 @@ def pdm(
     )
 
 
-def pdm_background(project: Path, *args: str, **popen) -> subprocess.Popen:
-    """``popen``: more Popen arguments, e.g. ``start_new_session=True`` (a process group of its
-    own, to which a test sends a Ctrl-C as a terminal does)."""
+def pdm_background(
+    project: Path, *args: str, env: dict[str, str] | None = None, **popen
+) -> subprocess.Popen:
+    """``env``: variables set on top of the project's, as for ``pdm``; ``popen``: more Popen
+    arguments, e.g. ``start_new_session=True`` (a process group of its own, to which a test sends
+    a Ctrl-C as a terminal does)."""
     return subprocess.Popen(
         [sys.executable, "-m", "pdmask", *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env=env_for(project),
+        env={**env_for(project), **(env or {})},
         cwd=project,
         **popen,
     )

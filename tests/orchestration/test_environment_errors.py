@@ -7,14 +7,13 @@ import errno
 import shutil
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 
 from pdmask.errors import TrackingError, environment_error
 
 from . import procs
-from .conftest import ONE_TRIAL, SLOW, env_for, pdm, pdm_background, write_sweep
+from .conftest import ONE_TRIAL, SLOW, pdm, pdm_background, write_sweep
 from .test_signals import _wait_for
 from .test_sweep_runs import _pid_files, finished_exactly_once
 
@@ -99,10 +98,8 @@ def small_disk(project):
 def test_a_disk_filled_mid_sweep_is_one_line_and_the_same_command_resumes(project, small_disk):
     (project / "recipes" / "slow.py").write_text(SLOW)  # still training when the disk fills
     write_sweep(project, "two", ONE_TRIAL.replace("method: [pdm-agg]", "method: [slow]"))
-    env = {**env_for(project), "PDM_HOME": str(small_disk / "state")}
-    cmd = [sys.executable, "-m", "pdmask", "sweep", "two"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=project, start_new_session=True)  # fmt: skip
+    state = {"PDM_HOME": str(small_disk / "state")}
+    proc = pdm_background(project, "sweep", "two", env=state, start_new_session=True)
     watch = procs.Watch(proc.pid)
     trials = small_disk / "state" / "trials"
     _wait_for(lambda: trials.is_dir() and any(trials.glob("*/pid")), proc)  # a trial trains
@@ -119,5 +116,5 @@ def test_a_disk_filled_mid_sweep_is_one_line_and_the_same_command_resumes(projec
     assert str(small_disk / "state") in errors[0]  # names the folder that could not be written
     assert not procs.survivors(project, watch), "processes outlived the sweep"
     filler.unlink()
-    again = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=project, timeout=300)
+    again = pdm(project, "sweep", "two", timeout=300, env=state)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
