@@ -57,7 +57,11 @@ def test_a_state_folder_deleted_mid_sweep_is_one_line_and_the_same_command_runs_
     proc = pdm_background(project, "sweep", "two", start_new_session=True)
     watch = procs.Watch(proc.pid)
     _wait_for(lambda: bool(_pid_files(project)), proc)  # a trial is training
-    shutil.rmtree(project / ".pdm")
+    # Renamed first so the folder is gone at once: a trial still writing into it would make a
+    # plain rmtree race with it ("Directory not empty"). What it writes after that is litter.
+    gone = project / "deleted-state"
+    (project / ".pdm").rename(gone)
+    shutil.rmtree(gone, ignore_errors=True)
     out, _ = proc.communicate(timeout=300)
     watch.stop()
     assert proc.returncode == 2, out[-3000:]
