@@ -9,6 +9,8 @@
     ├── BackendUnavailable        a backend's optional dependencies are missing; exit 2
     ├── ClusterLost               the sweep's Ray cluster lost its nodes mid-sweep; exit 1;
     │                             resumable by running the same command again
+    ├── StoreLost                 a trial could not record its own failure (its store cannot be
+    │                             written: disk full, state folder gone); exit 2, not retried
     └── TrialFailed               a trial crashed (killed, OOM, NaN loss); retried by the sweep runner
 
 Code that catches ``Exception`` to keep a sweep alive must re-raise ``ConfigError``: configuration
@@ -118,6 +120,13 @@ class ClusterLost(PdmError):
     """The Ray cluster a sweep runs on has no live node (or no CPU) left: nothing can train."""
 
     exit_code = 1
+
+
+class StoreLost(PdmError):
+    """A trial failed and its store could not take the reason either: the machine's fault
+    (``environment_error``'s line). Retrying would fail the same way, so the sweep ends."""
+
+    exit_code = 2
 
 
 class TrialFailed(PdmError):

@@ -68,6 +68,7 @@ def test_a_state_folder_deleted_mid_sweep_is_one_line_and_the_same_command_runs_
     assert "Traceback" not in out, out[-3000:]
     errors = [line for line in out.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "the tracking store cannot be written" in errors[0], out[-3000:]
+    assert "retrying" not in out, out[-3000:]  # a retry would crash on the same store
     assert not procs.survivors(project, watch), "processes outlived the sweep"
     again = pdm(project, "sweep", "two", timeout=300)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -122,3 +123,24 @@ def test_a_disk_filled_mid_sweep_is_one_line_and_the_same_command_resumes(projec
     filler.unlink()
     again = pdm(project, "sweep", "two", timeout=300, env=state)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_disk_full_before_the_sweep_is_one_line_and_nothing_starts(project, small_disk):
+    write_sweep(project, "two", ONE_TRIAL)
+    filler = small_disk / "filler"
+    subprocess.run(
+        ["dd", "if=/dev/zero", f"of={filler}", "bs=1M", "count=100"], capture_output=True
+    )  # fmt: skip  (stops at the disk's end: ENOSPC)
+    state = {"PDM_HOME": str(small_disk / "state")}
+    out = pdm(project, "sweep", "two", timeout=300, env=state)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Traceback" not in out.stdout + out.stderr, out.stderr[-3000:]
+    errors = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "the disk is full" in errors[0], out.stderr[-3000:]
+    left = {p.name for p in (small_disk / "state").glob("*")}
+    assert "ray" not in left and "mlflow.db" not in left, left  # nothing started, no empty store
+    filler.unlink()
+    again = pdm(project, "sweep", "two", timeout=300, env=state)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "1 trials, 0 already finished, 1 to run" in again.stdout  # nothing half-written

@@ -47,12 +47,17 @@ class SweepProgress(Callback):
         names: dict[str, str],
         console: Console | None = None,
         failure_of: Callable[[dict], str | None] | None = None,
+        on_store_lost: Callable[[], None] | None = None,
     ):
         self.rows: dict[str, Row] = {}
         self.names = names  # Tune trial id is unknown upfront: map via the reported trial hash
         self.console = console or Console(highlight=False)
         # why a trial's attempt failed (from its Tune config), where its run says
         self.failure_of = failure_of
+        # A trial's store cannot be written (``store-unwritable``): its line, and what stops the
+        # sweep (no other trial can record anything either).
+        self.store_lost: str | None = None
+        self.on_store_lost = on_store_lost
         self.live: Live | None = None
         if sys.stdout.isatty():
             self.live = Live(
@@ -67,6 +72,7 @@ class SweepProgress(Callback):
         state["console"] = None
         state["live"] = None
         state["failure_of"] = None  # holds the driver's MLflow client
+        state["on_store_lost"] = None  # holds the driver's stop event
         return state
 
     def __setstate__(self, state):
@@ -112,6 +118,10 @@ class SweepProgress(Callback):
         if "pdm_eval" in result:
             row.eval = float(result["pdm_eval"])
         outcome = result.get("pdm_outcome")
+        if outcome == "store-unwritable" and self.store_lost is None:
+            self.store_lost = result.get("pdm_error") or "the tracking store cannot be written"
+            if self.on_store_lost is not None:
+                self.on_store_lost()
         if outcome:
             row.outcome = outcome
             row.state = {

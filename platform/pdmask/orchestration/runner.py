@@ -21,7 +21,7 @@ from typing import Any
 from rich.console import Console
 
 from pdmask.console import table
-from pdmask.errors import ClusterLost
+from pdmask.errors import ClusterLost, StoreLost
 from pdmask.orchestration.options import SweepOptions
 from pdmask.paths import state_dir
 from pdmask.registry import Registry, Sweep, Trial
@@ -225,7 +225,7 @@ def execute(
         crashed = None if stalled else attempt_failure(runs[0])
         return stalled or (crashed and f"crashed: {crashed}")
 
-    progress = SweepProgress(names, console, failure_of)
+    progress = SweepProgress(names, console, failure_of, on_store_lost=interrupts.event.set)
     tuner = tune.Tuner(
         tune.with_resources(run_trial, {"cpu": 1}),
         param_space=param_space,
@@ -256,6 +256,8 @@ def execute(
             import ray
 
             ray.shutdown()
+    if progress.store_lost is not None:  # settling would fail on the same store
+        raise StoreLost(progress.store_lost)
     if lost is not None and started_ray:
         reap_embedded()  # its orphaned trials must stop before their runs are settled
     outcome = _settle(client, experiment_id, sweep, trials, skipped, console)

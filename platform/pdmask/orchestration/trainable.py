@@ -3,7 +3,9 @@
 Outcomes reported to Tune (``pdm_outcome``): ``finished``, ``already-done`` (a FINISHED run exists),
 ``claimed-elsewhere`` (another live invocation trains it), ``config-error`` (never retried: the
 run is FAILED with the reason and ``pdm.failure_kind=config``), ``stalled`` (the trial stalled
-more than ``STALL_RETRIES`` times: not retried again). Everything after the run is open, the
+more than ``STALL_RETRIES`` times: not retried again), ``store-unwritable`` (it crashed and its
+store could not record why either: a full disk, a deleted state folder; not retried, the sweep
+ends with ``environment_error``'s line). Everything after the run is open, the
 backend's own config included, runs inside that error handling. A crash (exception, NaN loss) is
 recorded on the run and re-raised so Tune retries it; a killed process is noticed and recorded by
 the next attempt, which resumes from the trial's checkpoint if that checkpoint belongs to the
@@ -23,7 +25,7 @@ import traceback
 from functools import partial
 from typing import Any
 
-from pdmask.errors import ConfigError
+from pdmask.errors import ConfigError, environment_error
 from pdmask.registry import Trial
 from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
 
@@ -119,7 +121,16 @@ def run_trial(config: dict[str, Any]) -> None:
             raise
         except BaseException as err:
             reason = f"{type(err).__name__}: {err}".strip()
-            run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:], final=True)
+            try:
+                run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:])
+            except Exception as unrecorded:
+                line = environment_error(unrecorded)
+                if line is None:
+                    raise
+                # Every retry would crash on the same store: the driver ends the sweep instead.
+                line = f"tracking store {redact(uri)}: {line}"  # as open_client says it
+                tune.report({**base, "pdm_outcome": "store-unwritable", "pdm_error": line})
+                return
             raise
         tune.report(final)  # after the run is FINISHED: a stop arriving now cannot touch it
     finally:

@@ -19,7 +19,7 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from pdmask.errors import TrackingError
+from pdmask.errors import TrackingError, environment_error
 from pdmask.paths import default_artifact_root, default_tracking_uri
 
 # How long a tracking server may take to accept a connection and answer the store check.
@@ -141,9 +141,17 @@ def sqlite_client(uri: str):
         # caller reports it (a full disk or a deleted store: one line, errors.environment_error).
         # Its "Creating initial MLflow database tables..." lines go with it.
         logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
-    with _file_lock(sqlite_path(uri).with_suffix(".init.lock")):
-        client = MlflowClient(tracking_uri=uri)
-        client.search_experiments(max_results=1)
+    path = sqlite_path(uri)
+    with _file_lock(path.with_suffix(".init.lock")):
+        new = not path.exists()
+        try:
+            client = MlflowClient(tracking_uri=uri)
+            client.search_experiments(max_results=1)
+        except BaseException:
+            if new:  # a store this call failed to create (a full disk): leave no empty file
+                for leftover in (path, *(Path(f"{path}{s}") for s in ("-journal", "-wal", "-shm"))):
+                    leftover.unlink(missing_ok=True)
+            raise
     return client
 
 
@@ -183,6 +191,9 @@ def open_client(uri: str | None = None, *, integrity: bool = True):
                 client = MlflowClient(tracking_uri=uri)
                 client.search_experiments(max_results=1)
     except Exception as err:  # MLflow raises many types: schema mismatch, connection refused, ...
+        machine = environment_error(err)  # a full disk, a read-only folder: what to do
+        if machine is not None:
+            raise TrackingError(f"tracking store {shown}: {machine}") from None
         msg = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise TrackingError(f"tracking store {shown} cannot be used: {redact(msg)}") from None
     _CLIENTS[uri] = client
