@@ -47,6 +47,17 @@ class ConfigError(PdmError):
     exit_code = 2
 
 
+def known_names(value: object, known) -> str:
+    """What follows an unknown name in a message: the closest known names first ("did you
+    mean"), then every known one, so a typo is fixed without reading the whole list."""
+    import difflib
+
+    names = sorted(str(k) for k in known)
+    close = difflib.get_close_matches(str(value), names, n=3, cutoff=0.6)
+    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+    return f"{hint}known: {', '.join(names) or '(none)'}"
+
+
 @dataclass(frozen=True)
 class Problem:
     """One validation problem: where it is and what is wrong."""

@@ -70,6 +70,28 @@ def test_unknown_sweep_lists_known(project):
     assert out.returncode == 2 and "main-figure" in out.stderr
 
 
+def test_a_mistyped_name_is_answered_with_the_closest_ones(project):
+    sweep = pdm("sweep", "main-figur", "--dry-run", project=project)
+    assert sweep.returncode == 2 and "did you mean 'main-figure'?" in sweep.stderr, sweep.stderr
+    (project / "sweeps" / "typo.yaml").write_text(
+        "name: typo\ndescription: x\nseeds: [0]\n"
+        "grid: {method: [pdm-ag], model: [qwen3-4b], precision: [bf16]}\n"
+    )
+    method = pdm("validate", "typo", project=project)
+    assert method.returncode == 2 and "did you mean 'pdm-agg'" in method.stderr, method.stderr
+    recipe = pdm("recipes", "list", "dppo-topk", project=project)
+    offered = recipe.stderr.split("known:")[0]
+    assert recipe.returncode == 2 and "did you mean" in offered and "'dppo-topk-kl'" in offered
+
+
+def test_known_names_offer_close_ones_first_and_nothing_for_a_stranger():
+    from pdmask.errors import known_names
+
+    assert known_names("smoek", ["smoke", "main-figure"]).startswith("did you mean 'smoke'? ")
+    assert known_names("zzz", ["smoke", "main-figure"]) == "known: main-figure, smoke"
+    assert known_names("x", []) == "known: (none)"
+
+
 def test_all_shipped_files_validate():
     out = pdm("validate")
     assert out.returncode == 0, out.stderr

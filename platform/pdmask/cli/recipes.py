@@ -40,13 +40,13 @@ def list_recipes(
     json: Json = False,
 ) -> None:
     """List every recipe: its proximity and direction tests, the inputs it needs, its summary."""
-    from pdmask.errors import ConfigError, ValidationFailed
+    from pdmask.errors import ConfigError, ValidationFailed, known_names
     from pdmask.registry import load_registry
 
     reg = load_registry()
     unknown = [n for n in names or [] if n not in reg.recipes]
     if unknown:
-        raise ConfigError(f"no recipe {', '.join(unknown)}; known: {', '.join(reg.recipes)}")
+        raise ConfigError(f"no recipe {', '.join(unknown)}; {known_names(unknown[0], reg.recipes)}")
     recipes = [r for r in reg.recipes.values() if not names or r.name in names]
     _show(reg, recipes, verbose=verbose, json=json)
     if reg.recipe_problems:  # the valid ones are listed; the broken ones reported, exit 2

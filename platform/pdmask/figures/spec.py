@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pdmask.errors import ConfigError, Problem, ValidationFailed, validation_problems
+from pdmask.errors import ConfigError, Problem, ValidationFailed, known_names, validation_problems
 from pdmask.paths import project_root
 from pdmask.registry.yaml_source import load_yaml, parse_yaml
 
@@ -335,8 +335,8 @@ def spec_path(name_or_path: str | Path, directory: Path | None = None) -> Path:
         path = directory / f"{name_or_path}{suffix}"
         if path.is_file():
             return path
-    names = ", ".join(available_specs(directory)) or "none"
-    raise ConfigError(f"no figure spec named {str(name_or_path)!r} in dashboards/ (have: {names})")
+    known = known_names(name_or_path, available_specs(directory))
+    raise ConfigError(f"no figure spec named {str(name_or_path)!r} in dashboards/; {known}")
 
 
 def load_spec(name_or_path: str | Path, directory: Path | None = None) -> FigureSpec:
@@ -396,7 +396,7 @@ def sweep_fit_problems(
         return Problem(str(path), field, message, src.line(loc))
 
     problems = [
-        problem(f"methods.{i}", f"{m!r} is not a recipe; known: {sorted(recipes)}")
+        problem(f"methods.{i}", f"{m!r} is not a recipe; {known_names(m, recipes)}")
         for i, m in enumerate(spec.methods)
         if m not in recipes
     ]

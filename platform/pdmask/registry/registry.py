@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pdmask.errors import Problem, ValidationFailed
+from pdmask.errors import Problem, ValidationFailed, known_names
 from pdmask.paths import project_root
 from pdmask.registry.backends import BACKENDS, BackendSpec
 from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
@@ -53,9 +53,9 @@ class Registry:
         if name not in self.sweeps:
             if name in self.broken_sweeps:
                 raise ValidationFailed([*self.recipe_problems, *self._file_problems(name)])
-            known = ", ".join(sorted(self.sweeps)) or "(none)"
+            known = known_names(name, self.sweeps)
             raise ValidationFailed(
-                [Problem(str(self.root / "sweeps"), "name", f"no sweep {name!r}; known: {known}")]
+                [Problem(str(self.root / "sweeps"), "name", f"no sweep {name!r}; {known}")]
             )
         return self.sweeps[name]
 
@@ -116,7 +116,7 @@ class Registry:
             if fig not in self.dashboards:
                 problems.append(
                     src.problem(
-                        ("figures", i), f"no dashboard {fig!r}; known: {sorted(self.dashboards)}"
+                        ("figures", i), f"no dashboard {fig!r}; {known_names(fig, self.dashboards)}"
                     )
                 )
         if backend not in BACKENDS:  # the grid's cells cannot be checked against no backend
@@ -193,7 +193,7 @@ class Registry:
             value, path = cell[axis]
             if catalog is not None and value not in catalog:
                 problems.append(
-                    src.problem(path, f"unknown {axis} {value!r}; known: {sorted(catalog)}")
+                    src.problem(path, f"unknown {axis} {value!r}; {known_names(value, catalog)}")
                 )
                 return None
             return value
