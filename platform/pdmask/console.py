@@ -1,4 +1,4 @@
-"""Console output shared by the CLI and the orchestration: rich tables that fit 100 columns, JSON.
+"""Console output shared by the CLI and the orchestration: rich tables and JSON.
 
 It sits below both (it imports nothing of pdmask), so the runners print the same tables as the
 commands without importing the CLI.
@@ -15,9 +15,13 @@ from rich.console import Console
 from rich.table import Table
 
 
+# Off a terminal (a pipe, a log, CI) nothing reflows the text afterwards: a table is printed as wide
+# as its cells need (up to this), never with its cells cut to an assumed width.
+PIPED_WIDTH = 400
+
+
 def console() -> Console:
-    # A fixed width keeps tables readable in logs and CI as well as in terminals.
-    return Console(width=100 if not sys.stdout.isatty() else None, highlight=False)
+    return Console(width=None if sys.stdout.isatty() else PIPED_WIDTH, highlight=False)
 
 
 def table(

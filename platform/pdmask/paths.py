@@ -56,6 +56,16 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
+def logs_dir() -> Path:
+    """Every trial's log, ``<logs>/<sweep>/<run name>.log`` (see orchestration/trial_logs.py)."""
+    return state_dir() / "logs"
+
+
+def ray_temp_dir() -> Path:
+    """The embedded Ray's temp and session folders: inside the state folder, with the rest."""
+    return state_dir() / "ray"
+
+
 def default_artifact_root() -> Path:
     path = state_dir() / "mlartifacts"
     path.mkdir(parents=True, exist_ok=True)

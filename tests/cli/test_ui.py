@@ -1,7 +1,8 @@
 """`pdm ui`: listens on loopback only, links each sweep's runs table (checked in a real headless
 Chromium), and leaves no process behind whether it is stopped by SIGINT, SIGTERM or SIGKILL.
 
-Without chromium the browser test is skipped; CI installs it (Debian's `chromium` package)."""
+The browser test drives Debian's `chromium` with Playwright; without chromium it is skipped, unless
+PDM_REQUIRE_BROWSER is set (CI installs chromium and sets it, so there it fails instead)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import shutil
 import signal
 import subprocess
-import tempfile
 import time
 
 import psutil
@@ -19,6 +19,7 @@ import pytest
 from pdmask.registry import load_registry
 from pdmask.tracking.store import DESCRIPTION_TAG, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 from pdmask.tracking.ui import runs_table_url
+from pdmask.tracking.ui_app import RUN_COLUMNS, TRAINING_WORKFLOW, WORKFLOW_KEY
 
 from .conftest import pdm_process
 
@@ -38,7 +39,8 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 DESCRIPTION = "a small sweep of the smoke profile, for the UI test"
-DOM_READS = 3
+HEADLINE = "val-core/synth/acc/mean_at_16"
+RUN_DESCRIPTION = "a run of the UI test"
 
 
 @pytest.fixture
@@ -50,7 +52,8 @@ def store(project):
     experiment_id = ensure_experiment(client, "smoke", DESCRIPTION)
     names = []
     for step, trial in enumerate(load_registry(project).expand("smoke")):
-        run = client.create_run(experiment_id, run_name=trial.run_name(), tags=trial.tags())
+        tags = {**trial.tags(), DESCRIPTION_TAG: RUN_DESCRIPTION}
+        run = client.create_run(experiment_id, run_name=trial.run_name(), tags=tags)
         client.log_metric(run.info.run_id, "val-core/synth/acc/mean_at_16", 0.25, step=step)
         client.set_terminated(run.info.run_id)
         names.append(trial.run_name())
@@ -151,33 +154,40 @@ def test_ui_listens_on_loopback_only_and_leaves_nothing_behind(project, store, s
     _stop_and_check_nothing_left(proc, procs, sig)
 
 
-def _dom(url: str) -> str:
-    """The page as Chromium renders it once the UI's scripts have run (a fresh profile)."""
-    with tempfile.TemporaryDirectory(prefix="pdm-chromium-") as profile:
-        browser = subprocess.Popen(
-            [
-                CHROMIUM,
-                *CHROMIUM_FLAGS,
-                f"--user-data-dir={profile}",
-                "--virtual-time-budget=30000",
-                "--dump-dom",
-                url,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            return browser.communicate(timeout=240)[0]
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(browser.pid, signal.SIGKILL)
-            browser.wait()
+def _browser(pw):
+    return pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS[1:])  # headless
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="no chromium: `apt-get install chromium`")
-def test_ui_links_the_sweeps_runs_table(project, store):
+def _shown(page, texts: list[str], timeout_s: float = 60) -> list[str]:
+    """The texts not on the page once it settled: the runs search answers last, so the page is
+    read until every text is there or the time is up."""
+    deadline = time.time() + timeout_s
+    while True:
+        content = page.content()
+        missing = [t for t in texts if t not in content]
+        if not missing or time.time() > deadline:
+            return missing
+        page.wait_for_timeout(500)
+
+
+def _in_training_view(page) -> None:
+    """MLflow's GenAI view names its pages "Evaluations" (its breadcrumb and sidebar); the
+    training view's choice is what the browser keeps (ui_app.WORKFLOW_KEY)."""
+    assert "Evaluations" not in page.content(), page.url
+    stored = page.evaluate(f"localStorage.getItem({WORKFLOW_KEY!r})")
+    assert stored == f'"{TRAINING_WORKFLOW}"', stored
+
+
+@pytest.mark.skipif(
+    CHROMIUM is None and not os.environ.get("PDM_REQUIRE_BROWSER"),
+    reason="no chromium: `apt-get install chromium` (CI installs it)",
+)
+def test_ui_opens_the_runs_table_and_stays_on_training_runs(project, store, tmp_path):
+    """From `pdm ui`'s link through a click on a run and on Compare, in a real headless Chromium:
+    the runs table shows the sweep's columns, and no page flips into MLflow's GenAI view."""
+    from playwright.sync_api import sync_playwright
+
+    assert CHROMIUM, "PDM_REQUIRE_BROWSER is set and no chromium is installed"
     client, experiment_id, run_names = store
     experiment = client.get_experiment(experiment_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
@@ -188,17 +198,34 @@ def test_ui_links_the_sweeps_runs_table(project, store):
         _check_loopback_only(procs, url)
         link = runs_table_url(url, experiment_id)
         assert links == [f"smoke: {link}"]
-        # The runs table of the experiment, not the GenAI overview or traces page it would open.
-        # A dump can come before the table's rows render (the runs search answers last): the
-        # page is read again, a few times, before the test says it is not there.
-        wanted = [f"<title>Runs - Experiment {experiment_id} - MLflow</title>", *run_names]
-        wanted.append(DESCRIPTION)
-        for _ in range(DOM_READS):
-            page = _dom(link)
-            missing = [w for w in wanted if w not in page]
-            if not missing:
-                break
-        assert not missing, (missing, page[-3000:])
+        with sync_playwright() as pw:
+            browser = _browser(pw)
+            page = browser.new_page(viewport={"width": 1600, "height": 1000})
+            page.goto(link)
+            columns = [*RUN_COLUMNS, HEADLINE]
+            missing = _shown(page, [*run_names, DESCRIPTION, *columns])
+            assert not missing, (missing, page.content()[-3000:])
+            headers = page.locator("[role=columnheader]").all_inner_texts()
+            shown = [h for h in dict.fromkeys(headers) if h in columns]
+            assert shown == [HEADLINE, *RUN_COLUMNS], headers  # the headline metric first
+            _in_training_view(page)
+            page.screenshot(path=tmp_path / "runs-table.png")
+
+            page.get_by_text(run_names[0], exact=True).first.click()
+            page.wait_for_url(f"**/experiments/{experiment_id}/runs/*")
+            assert not _shown(page, ["About this run", run_names[0], RUN_DESCRIPTION])
+            _in_training_view(page)
+            page.screenshot(path=tmp_path / "run-page.png")
+
+            page.go_back()
+            assert not _shown(page, run_names)
+            page.locator(".ag-header-select-all .ag-checkbox-input-wrapper").first.click()
+            page.get_by_role("button", name="Compare").first.click()
+            page.wait_for_url("**/compare-runs?*")
+            assert not _shown(page, [f"Comparing {len(run_names)} Runs", *run_names])
+            _in_training_view(page)
+            page.screenshot(path=tmp_path / "compare.png")
+            browser.close()
     finally:
         _stop_and_check_nothing_left(proc, procs, signal.SIGINT)
 

@@ -222,7 +222,8 @@ def test_summary_reports_final_best_and_paired_differences(built):
     assert paired.loc["pdm-agg", "wins_final"] == "3/3"
     assert paired.loc["pdm-uni", "final_mean"] == pytest.approx(0.09)
     assert paired.loc["pdm-uni", "baseline"] == "dppo-topk-kl"
-    assert "| Qwen3-4B-Base BF16 | pdm-agg |" in result.summary_markdown  # one line per row
+    # one line per row; the runs trained the embedded backend's stand-ins, and the title says so
+    assert "| Qwen3-4B-Base stand-in BF16 | pdm-agg |" in result.summary_markdown
     assert "Paired difference" in result.summary_markdown
 
 
@@ -359,3 +360,12 @@ def test_control_runs_draw_their_own_diagnostics_line_and_never_mix_with_a_metho
     assert frac[frac.method == "dppo-topk-kl"].value.max() < 0.01  # no llm-like run (9.0) mixed in
     manifest = json.loads(result.paths["manifest"].read_text())
     assert manifest["ignored_runs"] == {"embedded-backend knobs not in figure": 1}
+
+
+def test_a_panel_says_stand_in_only_when_every_run_trained_one():
+    from pdmask.figures.panels import honest_title
+
+    assert honest_title("Qwen3-4B-Base\nBF16", {"sim"}) == "Qwen3-4B-Base stand-in\nBF16"
+    assert honest_title("Qwen3-4B-Base\nBF16", {"verl"}) == "Qwen3-4B-Base\nBF16"
+    assert honest_title("Qwen3-4B-Base\nBF16", {"sim", "verl"}) == "Qwen3-4B-Base\nBF16"
+    assert honest_title("Qwen3-4B-Base\nBF16", set()) == "Qwen3-4B-Base\nBF16"  # no runs

@@ -59,12 +59,13 @@ def _listeners_while_running(project, proc) -> list:
 
 
 def test_smoke_sweep_trains_and_listens_only_on_loopback_then_ui(project):
-    proc = pdm_background(project, "sweep", "smoke")
+    proc = pdm_background(project, "sweep", "smoke", env={"CI": "true"})  # a CI log: lines
     watch = procs.Watch(proc.pid)
     listening = _listeners_while_running(project, proc)
     out, _ = proc.communicate(timeout=300)
     watch.stop()
     assert proc.returncode == 0, out
+    _assert_progress_lines(project, out)
     # GCS, raylet, workers, dashboard and runtime-env agents: all on loopback, none reachable
     # from another host (before: 11-15 on `*`, 0.0.0.0 or the host's address).
     commands = " ".join(s.command for s in listening)
@@ -81,6 +82,12 @@ def test_smoke_sweep_trains_and_listens_only_on_loopback_then_ui(project):
         assert set(run.data.tags) >= CONTRACT_TAGS, CONTRACT_TAGS - set(run.data.tags)
         assert "val-core/synth/acc/mean_at_16" in run.data.metrics
         assert run.data.params["method"] == run.data.tags["pdm.method"]
+        # Params are plain values (the UI and its parallel coordinates show them), and the run
+        # says what it is.
+        assert "recipe_source.hash" in run.data.params, run.data.params
+        assert not [v for v in run.data.params.values() if v.startswith("{")], run.data.params
+        described = run.data.tags["mlflow.note.content"]
+        assert described.startswith(run.data.tags["pdm.method"]) and "sweep smoke" in described
         # The smoke trains: rewards, gradients and masked tokens at some step (all 0 before).
         for key in ("critic/score/mean", "actor/grad_norm", "actor/pdm/masked_frac"):
             history = [m.value for m in client.get_metric_history(run.info.run_id, key)]
@@ -127,6 +134,29 @@ def test_smoke_sweep_trains_and_listens_only_on_loopback_then_ui(project):
         ui.send_signal(signal.SIGINT)
         ui.wait(timeout=60)
     assert ui.returncode == 0
+
+
+def _assert_progress_lines(project, out: str) -> None:
+    """What a CI log of the smoke sweep shows: each slow phase and its time, a heartbeat with the
+    counts, the summary's wall time and per-method results; no library's log lines (they are in
+    the driver log)."""
+    import re
+
+    lines = out.splitlines()
+    for phase, done in [("starting Ray…", "Ray started ("),
+                        ("starting 2 trials", "first training step reported (")]:  # fmt: skip
+        began = next(i for i, ln in enumerate(lines) if ln.startswith(phase))
+        assert any(ln.startswith(done) for ln in lines[began + 1 :]), out
+    beat = re.compile(r"^\[\d\d:\d\d:\d\d\] smoke: \d/2 done, \d running, 0 failed, \d queued; "
+                      r"elapsed \S+, ETA \S+$")  # fmt: skip
+    assert any(beat.match(ln) for ln in lines), out
+    assert "sweep smoke: summary, wall time " in out, out
+    results = [ln.split() for ln in lines if ln.strip().startswith(("dppo-topk-kl ", "pdm-agg "))]
+    assert sorted(r[:2] for r in results) == [["dppo-topk-kl", "1"], ["pdm-agg", "1"]], out
+    noise = [ln for ln in lines if re.search(r"\b(INFO|WARNING)\b|alembic|mlflow\.(?!db)|optuna", ln)]
+    assert not noise, noise
+    driver_log = project / ".pdm" / "logs" / "smoke" / "driver.log"
+    assert driver_log.is_file() and driver_log.stat().st_size > 0, "the libraries' lines are kept"
 
 
 def _pid_files(project):

@@ -164,7 +164,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     body = [  # built only for a plan short enough to list trial by trial
         [
             r.trial_hash[:10],
-            r.method,
+            r.label,
             r.model.removeprefix("qwen3-").removesuffix("-base"),
             r.precision,
             "-" if r.delta is None else f"{r.delta:g}",

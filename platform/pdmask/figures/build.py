@@ -20,7 +20,7 @@ from pdmask import __version__
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
 from pdmask.figures.metric_names import stored_pattern
-from pdmask.figures.panels import make_panels, plotted_frame, seed_count_text
+from pdmask.figures.panels import make_panels, panel_titles, plotted_frame, seed_count_text
 from pdmask.figures.render import GridStyle, Panel, draw_grid, save
 from pdmask.figures.runs import Selection, list_runs, open_client, select_runs
 from pdmask.figures.spec import BandSpec, FigureSpec, SmoothingSpec, load_spec, spec_path
@@ -159,7 +159,7 @@ def _write_summary(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_la
     spec = ctx.spec
     by_cell = {k: list(zip(c.runs, c.raw, strict=True)) for k, c in cells.items()}
     rows = summary_rows(spec, by_cell)
-    markdown = summary_markdown(spec, rows, y_label)
+    markdown = summary_markdown(spec, rows, y_label, panel_titles(spec, ctx.selection))
     pd.DataFrame(rows).to_csv(ctx.path("summary_csv", f"{spec.name}.summary.csv"), index=False)
     ctx.path("summary_md", f"{spec.name}.summary.md").write_text(markdown, encoding="utf-8")
     return markdown

@@ -13,6 +13,7 @@ from pdmask.figures.runs import Selection
 from pdmask.figures.series import aggregate_seeds
 from pdmask.figures.spec import BandSpec, FigureSpec
 from pdmask.figures.styles import MethodStyle
+from pdmask.registry.backends import BACKENDS
 
 
 def _line(method: str, cell: CellCurves, band: BandSpec) -> Line | None:
@@ -24,6 +25,30 @@ def _line(method: str, cell: CellCurves, band: BandSpec) -> Line | None:
         if r.stopped and len(c)
     ]
     return Line(method, aggregate_seeds(cell.smoothed, band), stops)
+
+
+def honest_title(title: str, backends: set[str]) -> str:
+    """The panel's title as its runs make it true: "Qwen3-4B-Base stand-in" when every run of
+    the panel trained a backend's small stand-in of the named model (the embedded backend)."""
+    known = [BACKENDS.get(b) for b in backends]
+    if not known or not all(spec and spec.trains_stand_ins for spec in known):
+        return title
+    model, _, rest = title.partition("\n")
+    return f"{model} stand-in" + (f"\n{rest}" if rest else "")
+
+
+def _backends(selection: Selection, setting: str) -> set[str]:
+    return {
+        r.tag("backend")
+        for (key, _), runs in selection.cells.items()
+        if key == setting
+        for r in runs
+    }
+
+
+def panel_titles(spec: FigureSpec, selection: Selection) -> dict[str, str]:
+    """Each setting's title as its panel shows it (:func:`honest_title`), by setting key."""
+    return {p.key: honest_title(p.title, _backends(selection, p.key)) for p in spec.panels}
 
 
 def make_panels(
@@ -40,7 +65,8 @@ def make_panels(
     adds its controls)."""
     panels = []
     for p in spec.panels:
-        panel = Panel(p.title)
+        backends = _backends(selection, p.key)
+        panel = Panel(honest_title(p.title, backends))
         missing, running = [], 0
         for method in series or spec.methods:
             cell = cells.get((p.key, method))
@@ -56,12 +82,6 @@ def make_panels(
             panel.notes.append("no data: " + ", ".join(missing))
         if running:
             panel.notes.append(f"{running} run(s) still running")
-        backends = {
-            r.tag("backend")
-            for (key, _), runs in selection.cells.items()
-            if key == p.key
-            for r in runs
-        }
         if len(backends) > 1:
             panel.notes.append("mixes backends: " + ", ".join(sorted(backends)))
         panels.append(panel)

@@ -127,10 +127,14 @@ def summary_rows(spec: FigureSpec, cells: CellRuns) -> list[dict]:
     return rows
 
 
-def summary_markdown(spec: FigureSpec, rows: list[dict], metric_label: str) -> str:
-    """The summary as Markdown tables (what the CLI prints and the paper draft pastes)."""
+def summary_markdown(
+    spec: FigureSpec, rows: list[dict], metric_label: str, titles: dict[str, str] | None = None
+) -> str:
+    """The summary as Markdown tables (what the CLI prints and the paper draft pastes).
+    ``titles``: each setting's title as its panel shows it (default: the spec's)."""
     level = spec.paired.level if spec.paired else 0.95
-    titles = {p.key: " ".join(p.title.split()) for p in spec.panels}  # one line per cell
+    titles = titles or {p.key: p.title for p in spec.panels}
+    titles = {key: " ".join(title.split()) for key, title in titles.items()}  # one line per cell
 
     def cell(mean: float, ci: float, n: int) -> str:
         return Estimate(mean, ci, n).text()

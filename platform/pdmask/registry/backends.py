@@ -46,6 +46,8 @@ class BackendSpec:
     occupies: Occupies
     takes_sim_knobs: bool = False
     """Whether ``sim.<knob>`` axes apply; cells that set one are left out for other backends."""
+    trains_stand_ins: bool = False
+    """Whether it trains small stand-ins of the models trials name (figure panels say so)."""
 
 
 SIM = BackendSpec(
@@ -58,6 +60,7 @@ SIM = BackendSpec(
     launch=Launch.TUNE,
     occupies=Occupies.ONE_CPU,
     takes_sim_knobs=True,
+    trains_stand_ins=True,
 )
 VERL = BackendSpec(
     name="verl",

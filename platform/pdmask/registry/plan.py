@@ -16,6 +16,10 @@ DEFAULT_VERL_STEPS = 300  # planning default when a sweep sets no `steps` (*esti
 class PlanRow(BaseModel):
     trial_hash: str
     method: str
+    label: str = Field(
+        description="The method as the plan shows it, with what its cell's embedded knobs make "
+        "of it (e.g. `dppo-topk-kl (lr = 0 mismatch control)`)."
+    )
     model: str
     precision: str
     delta: float | None
@@ -52,6 +56,7 @@ def plan_rows(
             PlanRow(
                 trial_hash=t.trial_hash,
                 method=t.method,
+                label=t.method_label(),
                 model=t.model,
                 precision=t.precision,
                 delta=t.delta,
@@ -88,7 +93,7 @@ def grouped_rows(rows: list[PlanRow]) -> list[list]:
     """One line per (method, model, precision, status): its deltas, trials, seeds, GPU-hours."""
     groups: dict[tuple, list[PlanRow]] = {}
     for r in rows:
-        groups.setdefault((r.method, r.model, r.precision, r.status), []).append(r)
+        groups.setdefault((r.label, r.model, r.precision, r.status), []).append(r)
     out = []
     for (method, model, precision, status), members in groups.items():
         deltas = sorted({m.delta for m in members if m.delta is not None})

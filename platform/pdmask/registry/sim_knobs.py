@@ -52,6 +52,15 @@ def resolve_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[st
     return knobs.model_dump(mode="json", include=set(values)), []
 
 
+def knobs_label(knobs: dict[str, Any]) -> str:
+    """What a cell's knobs make of its trials, in words for tables and run descriptions ('' for
+    none): the lr = 0 control says so, so it is never read as a trained row."""
+    return ", ".join(
+        "lr = 0 mismatch control" if knob == "lr" and value == 0 else f"{knob} = {value}"
+        for knob, value in sorted(knobs.items())
+    )
+
+
 def knob_tag(value: Any) -> str:
     """A knob's value as the ``pdm.sim.<knob>`` tag holds it (floats as ``repr``: 0 -> 0.0)."""
     return repr(float(value)) if isinstance(value, int | float) else str(value)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from pdmask.registry.catalog import PrecisionName
 from pdmask.registry.recipe_files import RecipeSource
-from pdmask.registry.sim_knobs import knob_tag
+from pdmask.registry.sim_knobs import knob_tag, knobs_label
 
 if TYPE_CHECKING:
     from pdmask.registry.recipes import Recipe
@@ -121,6 +121,19 @@ class Trial(BaseModel):
             "pdm.config_hash": self.config_hash,
             **{f"pdm.sim.{knob}": knob_tag(value) for knob, value in self.sim.items()},
         }
+
+    def method_label(self) -> str:
+        """The method as tables show it: with what the cell's embedded knobs make of it."""
+        knobs = knobs_label(self.sim)
+        return f"{self.method} ({knobs})" if knobs else self.method
+
+    def description(self) -> str:
+        """One sentence on what the run is (its description in the MLflow UI)."""
+        delta = "" if self.delta is None else f", delta {self.delta:g}"
+        return (
+            f"{self.method_label()} on {self.model}, {self.precision}{delta}, seed {self.seed}: "
+            f"a trial of sweep {self.sweep} on the {self.backend} backend ({self.profile} profile)."
+        )
 
     def run_name(self) -> str:
         """Human-readable run name (display only: identity is the hash tag)."""

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from pdmask.errors import TrialFailed
 from pdmask.registry import Trial
 from pdmask.tracking.metric_names import sanitize_metric
+from pdmask.tracking.store import DESCRIPTION_TAG
 
 T = TypeVar("T")
 FAILURE_KIND_TAG = "pdm.failure_kind"
@@ -33,6 +34,18 @@ def with_retry(fn: Callable[[], T], attempts: int = 8) -> T:
                 raise
             time.sleep(0.05 * 2**i)
     raise AssertionError("unreachable")
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """Params as plain values: a nested mapping becomes dotted keys (``recipe_source.hash``), so
+    the UI shows (and parallel coordinates offers) values, never a dict's repr."""
+    flat = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = "" if value is None else str(value)
+    return flat
 
 
 def find_trial_runs(client, experiment_id: str, trial_hash: str) -> list:
@@ -115,6 +128,7 @@ class TrialRun:
             "pdm.attempts": "1",
             "pdm.last_step": "-1",
             "mlflow.runName": trial.run_name(),
+            DESCRIPTION_TAG: trial.description(),
         }
         run = with_retry(
             lambda: client.create_run(experiment_id, run_name=trial.run_name(), tags=all_tags)
@@ -123,11 +137,11 @@ class TrialRun:
         if log_params:
             from mlflow.entities import Param
 
-            params = {k: v for k, v in trial.identity().items() if k != "params"}
-            params.update({f"params.{k}": v for k, v in trial.params.items()})
+            params = _flat({k: v for k, v in trial.identity().items() if k != "params"})
+            params.update(_flat(trial.params, "params."))
             with_retry(
                 lambda: client.log_batch(
-                    run_id, params=[Param(k, str(v)) for k, v in params.items()]
+                    run_id, params=[Param(k, v) for k, v in params.items()]
                 )
             )
         with_retry(lambda: client.log_dict(run_id, trial.model_dump(mode="json"), "trial.json"))

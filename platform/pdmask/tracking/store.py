@@ -204,7 +204,7 @@ def open_client(uri: str | None = None, *, integrity: bool = True):
 # model training; these are the tag key and value its UI reads and writes (mlflow 3.17).
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
-DESCRIPTION_TAG = "mlflow.note.content"  # the experiment's description in the UI
+DESCRIPTION_TAG = "mlflow.note.content"  # an experiment's or a run's description in the UI
 
 
 def ensure_experiment(client, name: str, description: str | None = None) -> str:

@@ -23,6 +23,7 @@ from pdmask.paths import default_artifact_root, state_dir
 from pdmask.tracking.store import open_client, resolve_tracking_uri
 
 START_TIMEOUT_S = 120
+UI_APP = "pdm-training"  # tracking/ui_app.py, registered as an `mlflow.app` entry point
 # pdmask runs no MLflow server jobs (GenAI scorers, prompt optimisation): without them the server
 # starts no job runner and no Huey consumers, 8 fewer processes.
 SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
@@ -79,6 +80,8 @@ def start_ui(
         str(port),
         "--workers",
         "1",
+        "--app-name",
+        UI_APP,
     ]
     if uri.startswith("sqlite:"):
         server += ["--default-artifact-root", default_artifact_root().as_uri()]
