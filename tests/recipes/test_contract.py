@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 import subprocess
 import textwrap
@@ -157,6 +158,15 @@ def test_the_hash_covers_what_the_code_does_not_how_it_is_written():
     ]
     for variant in different:
         assert source_hash(variant) != source_hash(text)
+
+
+def test_a_param_description_is_cosmetic_and_its_default_is_not():
+    """Rewording what a parameter does never turns trials back to todo; its value does."""
+    text = (ROOT / "recipes" / "cispo.py").read_text()
+    reworded = re.sub(r'(\n\s+description=)"[^"]*"', r'\1"reworded"', text, count=1)
+    assert reworded != text
+    assert source_hash(reworded) == source_hash(text)
+    assert source_hash(text.replace("default=0.28", "default=0.3", 1)) != source_hash(text)
 
 
 def test_editing_a_recipe_changes_its_trials_identity_and_says_why(project, tmp_path):

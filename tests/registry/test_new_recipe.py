@@ -50,6 +50,13 @@ def test_dropped_in_recipe_is_listed_and_planned(project):
     )
     methods = [r["method"] for r in plan["trials"]]
     assert methods.count("hard-topk-kl") == 2
+    # The listing names the sweeps that train it (smallest first) and what its file brings.
+    listed = json.loads(pdm("recipes", "list", "--json", project=project, check=True).stdout)
+    entry = next(r for r in listed if r["name"] == "hard-topk-kl")
+    assert entry["sweeps"] == ["hard"] and entry["custom_loss"] is False
+    verbose = pdm("recipes", "list", "-v", "hard-topk-kl", project=project, check=True).stdout
+    assert "used by: hard (pdm sweep hard)" in verbose, verbose
+    assert "hard-topk-kl" in verbose and " mask " in verbose, verbose  # the `own` column
     assert {
         r["config"]["params"]["delta"] for r in plan["trials"] if r["method"] == "hard-topk-kl"
     } == {0.2}

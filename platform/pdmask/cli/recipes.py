@@ -35,7 +35,10 @@ def list_recipes(
         ),
     ] = None,
     verbose: Annotated[
-        bool, typer.Option("-v", "--verbose", help="Show parameters and how to launch.")
+        bool,
+        typer.Option(
+            "-v", "--verbose", help="Show parameters and the sweeps that use each recipe."
+        ),
     ] = False,
     json: Json = False,
 ) -> None:
@@ -53,9 +56,38 @@ def list_recipes(
         raise ValidationFailed(reg.recipe_problems)
 
 
+def _sweeps_using(reg) -> dict[str, list[str]]:
+    """The project's sweeps that train each recipe, by recipe name (what their grids expand to),
+    smallest sweep first."""
+    from pdmask.errors import PdmError
+
+    sizes: dict[str, int] = {}
+    methods: dict[str, set[str]] = {}
+    for name in reg.sweeps:
+        try:
+            trials = reg.expand(name)
+        except PdmError:  # a sweep that does not expand is reported by `pdm validate`
+            continue
+        search = reg.sweeps[name].search  # a search runs its budget, not its one planned row
+        sizes[name] = search.budget if search else len(trials)
+        methods[name] = {t.method for t in trials}
+    used: dict[str, list[str]] = {}
+    for name in sorted(sizes, key=lambda n: (sizes[n], n)):
+        for method in methods[name]:
+            used.setdefault(method, []).append(name)
+    return used
+
+
+def _brings(recipe) -> str:
+    """What a recipe's file brings of its own (else the math API's tests and the standard loss)."""
+    own = [part for part, fn in (("mask", recipe.mask), ("loss", recipe.loss)) if fn is not None]
+    return " + ".join(own) or "-"
+
+
 def _show(reg, recipes, *, verbose: bool, json: bool) -> None:
     from pdmask.console import console, print_json, table
 
+    used = _sweeps_using(reg)
     if json:
         print_json(
             [
@@ -68,6 +100,7 @@ def _show(reg, recipes, *, verbose: bool, json: bool) -> None:
                     "direction": r.direction,
                     "custom_mask": r.mask is not None,
                     "custom_loss": r.loss is not None,
+                    "sweeps": used.get(r.name, []),
                     "needs": list(r.needs),
                     "verl_loss": r.verl_name,
                     "file": str(reg.recipe_files[r.name]),
@@ -83,6 +116,7 @@ def _show(reg, recipes, *, verbose: bool, json: bool) -> None:
             r.name,
             r.proximity or ("(own mask)" if r.mask else "-"),
             r.direction or ("(own mask)" if r.mask else "-"),
+            _brings(r),
             ", ".join(r.needs) or "-",
             r.summary,
         ]
@@ -91,7 +125,7 @@ def _show(reg, recipes, *, verbose: bool, json: bool) -> None:
     out.print(
         table(
             f"{len(rows)} recipes in {reg.root / 'recipes'}",
-            ["name", "proximity", "direction", "needs", "summary"],
+            ["name", "proximity", "direction", "own", "needs", "summary"],
             rows,
             wrap={"summary"},
         )
@@ -103,4 +137,11 @@ def _show(reg, recipes, *, verbose: bool, json: bool) -> None:
             )
             for k, p in r.params.items():
                 out.print(f"  {k} = {p.default!r}: {p.description}")
-            out.print(f"  launch: {r.launch}")
+            sweeps = used.get(r.name)
+            out.print(
+                f"  used by: {', '.join(sweeps)} (pdm sweep {sweeps[0]})"
+                if sweeps
+                else f"  used by no sweep: add `{r.name}` to a sweep's `method` axis to train it"
+            )
+            if r.launch:
+                out.print(f"  launch: {r.launch}")

@@ -8,7 +8,7 @@ runs changes nothing in that sweep, and a VeRL job carries the same text to its 
 recipe does turns its trials back to `todo`. It hashes a *normalised* form of the source -- the
 abstract syntax tree, dumped without positions, with docstrings removed and without the
 ``Recipe(...)`` arguments that only say how a method is drawn or described (``display_name``,
-``color``, ``summary``, ``launch``). Why: comments, blank lines, formatting (``ruff format``),
+``color``, ``summary``, ``launch``) and the ``description`` of each ``Param(...)``. Why: comments, blank lines, formatting (``ruff format``),
 docstrings and colours never change a mask or a loss, and re-running a sweep because a comment
 changed would waste hours; everything else (names, constants, imports, parameter defaults) can,
 so it counts. The dump leaves out empty optional fields, so a Python release that adds a new
@@ -30,7 +30,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from pdmask.errors import Problem, validation_problems
-from pdmask.registry.recipes import COSMETIC_FIELDS, Recipe
+from pdmask.registry.recipes import COSMETIC_FIELDS, COSMETIC_PARAM_FIELDS, Recipe
 
 # Files in recipes/ that are not recipes and are left alone: hidden files, `_helpers.py`,
 # `__pycache__/`, and documentation.
@@ -55,7 +55,7 @@ class RecipeSource(BaseModel):
 
 
 def _strip(tree: ast.AST) -> None:
-    """Remove docstrings and the cosmetic ``Recipe(...)`` arguments, in place."""
+    """Remove docstrings and the cosmetic ``Recipe(...)`` and ``Param(...)`` arguments, in place."""
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
@@ -69,8 +69,9 @@ def _strip(tree: ast.AST) -> None:
         if isinstance(node, ast.Call):
             func = node.func
             callee = func.id if isinstance(func, ast.Name) else getattr(func, "attr", None)
-            if callee == "Recipe":
-                node.keywords = [k for k in node.keywords if k.arg not in COSMETIC_FIELDS]
+            cosmetic = {"Recipe": COSMETIC_FIELDS, "Param": COSMETIC_PARAM_FIELDS}.get(callee)
+            if cosmetic:
+                node.keywords = [k for k in node.keywords if k.arg not in cosmetic]
 
 
 def _dump(node) -> str:

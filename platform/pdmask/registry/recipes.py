@@ -94,6 +94,8 @@ VERL_OWN_LOSSES = frozenset(
 # Recipe fields that change how a method is drawn or described, never what it trains: excluded
 # from the hash of a recipe's source (``recipe_files.normalised_source``).
 COSMETIC_FIELDS = frozenset({"display_name", "color", "summary", "launch"})
+# ``Param(...)`` arguments that only describe a parameter (never part of a trial's identity).
+COSMETIC_PARAM_FIELDS = frozenset({"description"})
 
 MaskFn = Callable[..., Any]
 """A recipe's own mask: ``fn(batch: RecipeBatch) -> bool [B, T]`` (True = gradient zeroed)."""
@@ -187,9 +189,10 @@ class Recipe(BaseModel):
     display_name: str = Field(description="Short label for figure legends (cosmetic).")
     color: str = Field(description="Figure colour as #rrggbb, the same in every panel (cosmetic).")
     summary: str = Field(description="One line: what the method is (cosmetic).")
-    launch: str = Field(
-        "pdm sweep smoke  # or add this name to any sweep's `method` axis",
-        description="How to launch it (shown by `pdm recipes list -v`; cosmetic).",
+    launch: str | None = Field(
+        None,
+        description="How to launch it, when more than the sweeps that use it say (shown by "
+        "`pdm recipes list -v` under the sweeps it finds; cosmetic).",
     )
     proximity: str | None = Field(
         None, description=f"Proximity test from the math API: one of {sorted(PROXIMITY_NAMES)}."
