@@ -96,3 +96,18 @@ overrides:
 def test_search_sweep_plans_its_base():
     trials = load_registry(ROOT).expand("delta-search")
     assert len(trials) == 1 and trials[0].method == "pdm-agg"
+
+
+def test_trials_that_differ_in_a_recipe_parameter_differ_in_name_and_plan_row(project):
+    """Two topk values of one method: the run names and the plan rows say which is which (the
+    parameter at its default stays out of both)."""
+    (project / "sweeps" / "topk.yaml").write_text(
+        "name: topk\ndescription: two top-K sizes\nseeds: 1\n"
+        "grid: {method: [dppo-topk-kl], model: [qwen3-4b-base], precision: [bf16], "
+        "delta: [0.15], params.topk: [20, 8]}\n"
+    )
+    trials = load_registry(project).expand("topk")
+    names = sorted(t.run_name() for t in trials)
+    assert names == ["dppo-topk-kl-4b-bf16-d0.15-s0", "dppo-topk-kl-topk8-4b-bf16-d0.15-s0"]
+    plan = pdm("sweep", "topk", "--dry-run", project=project, check=True).stdout
+    assert "dppo-topk-kl (topk = 8)" in plan and plan.count("dppo-topk-kl") == 2, plan

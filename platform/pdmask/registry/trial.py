@@ -28,6 +28,10 @@ def _digest(data: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
+def _short(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
 class Trial(BaseModel):
     """Everything a backend needs to run one trial. Its ``trial_hash`` is its identity."""
 
@@ -122,10 +126,25 @@ class Trial(BaseModel):
             **{f"pdm.sim.{knob}": knob_tag(value) for knob, value in self.sim.items()},
         }
 
+    def varied_params(self) -> dict[str, Any]:
+        """The recipe's parameters this trial sets away from their defaults, by name (delta
+        aside: it has its own axis, tag and place in the run name)."""
+        declared = self.recipe().params
+        return {
+            name: value
+            for name, value in sorted(self.params.items())
+            if name in declared
+            and declared[name].role != "delta"
+            and declared[name].default != value
+        }
+
     def method_label(self) -> str:
-        """The method as tables show it: with what the cell's embedded knobs make of it."""
+        """The method as tables show it: with the parameters it varies and what the cell's
+        embedded knobs make of it, e.g. ``k3-penalty (beta = 0.1)``."""
+        varied = [f"{name} = {value}" for name, value in self.varied_params().items()]
         knobs = knobs_label(self.sim)
-        return f"{self.method} ({knobs})" if knobs else self.method
+        extra = ", ".join([*varied, *([knobs] if knobs else [])])
+        return f"{self.method} ({extra})" if extra else self.method
 
     def description(self) -> str:
         """One sentence on what the run is (its description in the MLflow UI)."""
@@ -138,5 +157,6 @@ class Trial(BaseModel):
     def run_name(self) -> str:
         """Human-readable run name (display only: identity is the hash tag)."""
         delta = "" if self.delta is None else f"-d{self.delta:g}"
+        varied = "".join(f"-{name}{_short(value)}" for name, value in self.varied_params().items())
         knobs = "".join(f"-{knob}{knob_tag(value)}" for knob, value in sorted(self.sim.items()))
-        return f"{self.method}-{self.setting}{delta}{knobs}-s{self.seed}"
+        return f"{self.method}{varied}-{self.setting}{delta}{knobs}-s{self.seed}"
