@@ -261,12 +261,34 @@ def broken(batch):
 """ + recipe_call("raises", "mask=broken")
 
 
+RANDOM_MASK = """
+import torch
+
+
+def coin(batch):
+    return torch.rand(batch.response_mask.shape) < 0.5
+
+
+""" + recipe_call("random-mask", "mask=coin")
+
+FP8_ONLY_BUG = """
+def only_in_fp8_rollout(batch):
+    if batch.precision == "fp8-rollout":
+        return batch.response_mask[:, 0]
+    return batch.response_mask & False
+
+
+""" + recipe_call("fp8-only", "mask=only_in_fp8_rollout")
+
+
 def test_recipe_code_problems_name_the_file_function_and_line(project):
     paths = {
         "wrong-shape": write(project, "wrong_shape", WRONG_SHAPE),
         "nan-on-short": write(project, "nan_on_short", NAN_ON_SHORT),
         "detached": write(project, "detached", DETACHED),
         "raises": write(project, "raises", RAISES),
+        "random-mask": write(project, "random_mask", RANDOM_MASK),
+        "fp8-only": write(project, "fp8_only", FP8_ONLY_BUG),
     }
     reg = load_registry(project)
     assert not reg.recipe_problems  # their fields are fine: only running them shows the bugs
@@ -286,6 +308,11 @@ def test_recipe_code_problems_name_the_file_function_and_line(project):
     assert "no gradient" in problems["detached"].message
     raised = problems["raises"]
     assert "KeyError" in raised.message and raised.line == line_of("raises", 'params["missing"]')
+    random = problems["random_mask"]
+    assert random.field == "mask" and "not a function of its batch" in random.message
+    assert random.line == line_of("random-mask", "def coin")
+    fp8 = problems["fp8_only"]  # a branch that runs only under one precision is checked too
+    assert fp8.field == "mask" and "fp8-rollout" in fp8.message, fp8
     assert not check_recipes({n: r for n, r in reg.recipes.items() if n in project_names()})
 
 

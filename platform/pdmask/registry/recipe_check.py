@@ -11,9 +11,13 @@ A recipe's mask and loss are code; the registry's field checks cannot tell that 
   leaf, as verl's do; float32.
 
 Each batch has responses of different lengths (one of a single token) and advantages of both
-signs. A recipe passes when its mask is a bool ``[B, T]``, its loss a ``[B, T]`` tensor of the
-batch's dtype that is finite on every valid token and carries a finite gradient to the policy's
-log-probs. Every problem names the recipe file, the function (``mask``/``loss``) and its line.
+signs, and is checked under every precision setting (``batch.precision``: a branch that runs only
+under ``fp8-rollout`` is checked too). A recipe passes when its mask is a bool ``[B, T]``, its loss
+a ``[B, T]`` tensor of the batch's dtype that is finite on every valid token and carries a finite
+gradient to the policy's log-probs, and both are functions of the batch: a second call on the same
+batch returns the same mask and loss (a random mask would make a run irreproducible and its
+masked share meaningless). Every problem names the recipe file, the function (``mask``/``loss``)
+and its line.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pdmask.errors import Problem, RecipeError
+from pdmask.registry.catalog import PRECISIONS
 from pdmask.registry.recipes import Recipe
 
 LAYOUTS = (("sim", "float32"), ("sim", "float64"), ("verl", "float32"))
@@ -100,58 +105,85 @@ def check_recipe(recipe: Recipe, params: Mapping[str, Any] | None = None) -> lis
 
 
 def _check(recipe: Recipe, params: Mapping[str, Any]) -> list[Problem]:
-    import torch
+    method = recipe.method(params)
+    for layout, dtype_name in LAYOUTS:
+        for precision in PRECISIONS:
+            problem = _check_one(recipe, method, layout, dtype_name, precision)
+            if problem is not None:
+                return [problem]  # the same bug fails every layout: report it once
+    return []
 
+
+def _apply(method, layout: str, dtype_name: str, precision: str):
     from pdmask.trust_region import apply_method
 
-    method = recipe.method(params)
-    problems: list[Problem] = []
-    for layout, dtype_name in LAYOUTS:
-        where = f"on a synthetic {layout} batch ({dtype_name})"
-        data = synthetic_batch(layout, dtype_name)
-        try:
-            out = apply_method(
-                method,
-                data.stats,
-                data.advantages,
-                data.response_mask,
-                log_prob=data.log_prob,
-                mu_log_prob=data.mu_log_prob,
-                backend=layout,
-                precision="bf16",
+    data = synthetic_batch(layout, dtype_name)
+    out = apply_method(
+        method,
+        data.stats,
+        data.advantages,
+        data.response_mask,
+        log_prob=data.log_prob,
+        mu_log_prob=data.mu_log_prob,
+        backend=layout,
+        precision=precision,
+    )
+    return data, out
+
+
+def _differing(first, second) -> int:
+    """How many entries of two results differ (NaN equals NaN: a loss's own NaN is reported as
+    not finite, not as irreproducible)."""
+    if first.shape != second.shape:
+        return first.numel()
+    same = first == second
+    if first.is_floating_point():
+        same |= first.isnan() & second.isnan()
+    return int((~same).sum())
+
+
+def _check_one(recipe: Recipe, method, layout: str, dtype_name: str, precision: str):
+    import torch
+
+    where = f"on a synthetic {layout} batch ({dtype_name}, {precision})"
+    loss_line = recipe.line_of(recipe.loss)
+    try:
+        data, out = _apply(method, layout, dtype_name, precision)
+        _, again = _apply(method, layout, dtype_name, precision)
+    except RecipeError as err:
+        p = err.problem
+        return Problem(p.file, p.field, f"{p.message} {where}", p.line)
+    for kind, first, second, line in (
+        ("mask", out.mask, again.mask, recipe.line_of(recipe.mask)),
+        ("loss", out.token_loss.detach(), again.token_loss.detach(), loss_line),
+    ):
+        differ = _differing(first, second)
+        if differ:
+            return Problem(
+                recipe.origin,
+                kind,
+                f"is not a function of its batch: two calls on the same batch differ on {differ} "
+                f"token(s) {where} (seed any randomness from the batch, or drop it)",
+                line,
             )
-        except RecipeError as err:
-            p = err.problem
-            problems.append(Problem(p.file, p.field, f"{p.message} {where}", p.line))
-            break  # the same bug fails every layout: report it once
-        loss_line = recipe.line_of(recipe.loss)
-        valid = data.response_mask
-        bad = int((~torch.isfinite(out.token_loss) & valid).sum())
-        if bad:
-            problems.append(
-                Problem(
-                    recipe.origin, "loss", f"not finite on {bad} valid token(s) {where}", loss_line
-                )
-            )
-            break
-        if not out.token_loss.requires_grad:
-            problems.append(
-                Problem(
-                    recipe.origin,
-                    "loss",
-                    "carries no gradient: build it from batch.log_prob (batch.stats is detached)",
-                    loss_line,
-                )
-            )
-            break
-        torch.where(valid, out.token_loss, 0.0).sum().backward()
-        grad = data.leaf.grad
-        if grad is None or not bool(torch.isfinite(grad).all()):
-            problems.append(
-                Problem(recipe.origin, "loss", f"its gradient is not finite {where}", loss_line)
-            )
-            break
-    return problems
+    valid = data.response_mask
+    bad = int((~torch.isfinite(out.token_loss) & valid).sum())
+    if bad:
+        return Problem(
+            recipe.origin, "loss", f"not finite on {bad} valid token(s) {where}", loss_line
+        )
+    if not out.token_loss.requires_grad:
+        return Problem(
+            recipe.origin,
+            "loss",
+            "carries no gradient: build it from batch.log_prob (batch.stats is detached)",
+            loss_line,
+        )
+    torch.where(valid, out.token_loss, 0.0).sum().backward()
+    grad = data.leaf.grad
+    if grad is None or not bool(torch.isfinite(grad).all()):
+        return Problem(recipe.origin, "loss", f"its gradient is not finite {where}", loss_line)
+    return None
 
 
 def check_recipes(
