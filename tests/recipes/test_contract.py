@@ -413,3 +413,68 @@ def test_the_contract_states_what_a_recipe_receives():
     with pytest.raises(TypeError):
         batch.params["x"] = 2  # read-only
     assert RecipeSource.of("x.py", "x = 1").hash == source_hash("x = 1")
+
+
+def _outside(batch):
+    kl = batch.stats.kl_topk  # the synthetic batch's KL is large: mask its upper half
+    return kl > kl[batch.response_mask].median()
+
+
+def _pg_plus_penalty(batch):
+    """-r A everywhere, plus 0.1 * log pi on the masked tokens (acts only where the mask is)."""
+    pg = -torch.exp(batch.log_prob - batch.mu_log_prob) * batch.advantages
+    penalty = torch.where(batch.mask, 0.1 * batch.log_prob, torch.zeros_like(batch.log_prob))
+    return torch.where(batch.mask, penalty, pg)
+
+
+def _pg_only(batch):
+    return -torch.exp(batch.log_prob - batch.mu_log_prob) * batch.advantages
+
+
+def test_a_loss_that_sees_the_mask_acts_on_masked_tokens_and_the_share_stays_the_masks():
+    """float64 reference: on masked tokens the loss is the recipe's own penalty (not 0), on the
+    others the policy-gradient term; the mask the backends log is the recipe's."""
+    from pdmask.registry import Recipe
+    from pdmask.registry.recipe_check import synthetic_batch
+    from pdmask.trust_region import apply_method
+
+    def run(recipe):
+        data = synthetic_batch("sim", "float64")
+        out = apply_method(
+            recipe.method({}), data.stats, data.advantages, data.response_mask, backend="sim"
+        )
+        return data, out
+
+    common = dict(display_name="x", color="#123456", summary="s", mask=_outside)
+    sees = Recipe(name="sees-mask", loss=_pg_plus_penalty, loss_sees_mask=True, **common)
+    blind = Recipe(name="blind", loss=_pg_only, **common)
+    data, out = run(sees)
+    valid = data.response_mask
+    logp = data.stats.logp.detach()
+    mu = data.stats.mu_logp.detach()
+    kl = data.stats.kl_topk
+    expected_mask = (kl > kl[valid].median()) & valid
+    assert torch.equal(out.mask, expected_mask) and 0 < int(expected_mask.sum()) < int(valid.sum())
+    expected = torch.where(expected_mask, 0.1 * logp, -torch.exp(logp - mu) * data.advantages)
+    expected = torch.where(valid, expected, 0.0)
+    assert torch.allclose(out.token_loss.detach(), expected, rtol=1e-12, atol=1e-12)
+    assert bool((out.token_loss[expected_mask] != 0).all())  # kept where the mask is
+
+    data, out = run(blind)  # the default composition: masked tokens contribute nothing
+    assert out.batch.mask is None
+    assert bool((out.token_loss[out.mask] == 0).all())
+    assert torch.equal(out.mask, expected_mask)
+
+
+def test_loss_sees_mask_without_an_own_loss_is_refused():
+    from pdmask.registry import Recipe
+
+    with pytest.raises(ValueError, match="loss_sees_mask"):
+        Recipe(
+            name="nothing-to-see",
+            display_name="x",
+            color="#123456",
+            summary="s",
+            mask=_outside,
+            loss_sees_mask=True,
+        )

@@ -213,6 +213,13 @@ class Recipe(BaseModel):
         "aggregated by the backend with verl's modes. None: -M r A (cap: the ratio_cap role).",
         exclude=True,
     )
+    loss_sees_mask: bool = Field(
+        False,
+        description="The own `loss` handles masked tokens itself: it receives the mask as "
+        "`batch.mask` and its value counts on every valid token, masked ones included (a "
+        "penalty or bonus that must act where the policy-gradient term is masked). False: the "
+        "loss is zeroed on masked tokens. Either way the logged masked share is the mask's.",
+    )
     params: dict[str, Param] = Field(default_factory=dict, description="Tunable parameters.")
     needs: tuple[str, ...] = Field(
         (), description=f"Inputs a backend must supply: {sorted(KNOWN_INPUTS)}."
@@ -276,6 +283,10 @@ class Recipe(BaseModel):
             )
         if self.loss is not None and self.verl_loss_mode is not None:
             raise ValueError("an own `loss` cannot also be verl's own loss (`verl_loss_mode`)")
+        if self.loss_sees_mask and self.loss is None:
+            raise ValueError(
+                "`loss_sees_mask` needs an own `loss` (the default loss never sees it)"
+            )
         for pname, p in self.params.items():
             err = p.check(p.default) if p.default is not None else None
             if err:
@@ -394,6 +405,7 @@ class Recipe(BaseModel):
             loss=self._guarded(self.loss, "loss"),
             params=params,
             ratio_cap=self.role_value("ratio_cap", params),
+            loss_sees_mask=self.loss_sees_mask,
         )
 
     def _guarded(self, fn, kind: str):

@@ -19,8 +19,10 @@ wraps it, with the recipe's resolved parameters, in a :class:`RecipeBatch`:
   into these (no in-place ops on them).
 
 A mask returns a bool ``[B, T]`` tensor, True = the token's gradient is zeroed. A loss returns the
-per-token loss ``[B, T]`` in ``batch.dtype``; the math API zeroes it on masked and padding tokens
-and the backend aggregates it with verl's loss-aggregation modes (``token-mean`` by default).
+per-token loss ``[B, T]`` in ``batch.dtype``; the math API zeroes it on padding and on masked
+tokens, unless the recipe declares ``loss_sees_mask`` (then the loss receives the mask as
+``batch.mask`` and decides what masked tokens contribute), and the backend aggregates it with
+verl's loss-aggregation modes (``token-mean`` by default).
 """
 
 from __future__ import annotations
@@ -57,6 +59,9 @@ class RecipeBatch:
     direct caller of the math API says (``policy_loss``: ``"math"``)."""
     precision: str | None
     """The trial's precision setting (``bf16``, ``fp8-rollout``, ``fp8-e2e``), None if unknown."""
+    mask: torch.Tensor | None = None
+    """``[B, T]`` bool, the recipe's mask (True = gradient zeroed), for a loss of a recipe that
+    declares ``loss_sees_mask``; None for masks and for every other loss."""
 
     @property
     def dtype(self) -> torch.dtype:

@@ -32,7 +32,8 @@ class Method:
     """A trust-region method with its parameters bound.
 
     ``mask`` None: no token is masked. ``loss`` None: the default ``-r A`` (``ratio_loss``) with
-    the optional truncated-IS cap ``ratio_cap``.
+    the optional truncated-IS cap ``ratio_cap``. ``loss_sees_mask``: the loss receives the mask
+    (``batch.mask``) and is kept on masked tokens; otherwise it is zeroed there.
     """
 
     name: str
@@ -40,6 +41,7 @@ class Method:
     loss: LossHook | None = None
     params: Mapping[str, Any] = field(default_factory=dict)
     ratio_cap: float | None = None
+    loss_sees_mask: bool = False
 
     def __post_init__(self):
         # Hooks get a read-only view: a recipe that edits its parameters would change the next
@@ -52,7 +54,8 @@ class MethodOutput:
     """What ``apply_method`` returns for one micro-batch."""
 
     mask: torch.Tensor  # [B, T] bool, True = gradient zeroed (never on padding)
-    token_loss: torch.Tensor  # [B, T], 0 on masked and padding tokens; aggregate it
+    # [B, T], 0 on padding and (unless the loss sees the mask) on masked tokens; aggregate it
+    token_loss: torch.Tensor
     batch: RecipeBatch  # the contract the hooks saw
 
 
@@ -108,6 +111,12 @@ def apply_method(
     mask = torch.zeros_like(valid) if method.mask is None else method.mask(batch)
     _check(method, "mask", mask, batch)
     mask = mask & valid
+    if method.loss is not None and method.loss_sees_mask:
+        # The loss decides what masked tokens contribute (a penalty that acts on them too).
+        batch = replace(batch, mask=mask)
+        loss = method.loss(batch)
+        _check(method, "loss", loss, batch)
+        return MethodOutput(mask, torch.where(valid, loss, torch.zeros_like(loss)), batch)
     loss = ratio_loss(batch, method.ratio_cap) if method.loss is None else method.loss(batch)
     _check(method, "loss", loss, batch)
     token_loss = torch.where(mask | ~valid, torch.zeros_like(loss), loss)
