@@ -478,3 +478,25 @@ def test_loss_sees_mask_without_an_own_loss_is_refused():
             mask=_outside,
             loss_sees_mask=True,
         )
+
+
+def test_a_recipe_metric_name_verl_would_misreduce_or_a_non_finite_value_is_refused():
+    from pdmask.registry.recipe_check import synthetic_batch
+    from pdmask.trust_region import Method, apply_method
+
+    def reports(name, value):
+        def mask(batch):
+            batch.report(name, value)
+            return batch.response_mask & False
+
+        data = synthetic_batch("sim", "float32")
+        return apply_method(
+            Method("r", mask=mask), data.stats, data.advantages, data.response_mask, backend="sim"
+        )
+
+    assert reports("bonus_size", torch.tensor(0.5)).batch.reported == {"bonus_size": 0.5}
+    for name in ("kl_max", "Bonus", "share-of"):  # verl would take the max; not a plain name
+        with pytest.raises(ValueError, match="recipe metric name"):
+            reports(name, 1.0)
+    with pytest.raises(ValueError, match="not finite"):
+        reports("bonus_size", math.nan)

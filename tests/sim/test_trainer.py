@@ -177,3 +177,29 @@ def test_the_lr_zero_control_never_moves_the_policy_and_logs_the_mismatch(smoke_
         expected = float(torch.quantile(ratio, q))
         assert step_one[f"actor/pdm/ratio_{name}"] == pytest.approx(expected, rel=1e-5)
     assert step_one["actor/pdm/ratio_p01"] < 1 < step_one["actor/pdm/ratio_p99"]
+
+
+def test_a_recipes_own_scalar_is_logged_each_step(smoke_config, tmp_path):
+    """RecipeBatch.report: the mask's own share, reported by the recipe, is logged under
+    actor/pdm/recipe/ and equals the share the trainer logs itself (same tokens, same means)."""
+    from pdmask.trust_region import RECIPE_METRIC_PREFIX
+
+    def upper_half(batch):
+        kl = batch.stats.kl_topk
+        mask = (kl > kl[batch.response_mask].median()) & batch.response_mask
+        batch.report("outside_share", mask[batch.response_mask].float().mean())
+        return mask
+
+    reports = []
+    train_trial(
+        smoke_config(),
+        mask_fn=Method("reporting", mask=upper_half),
+        reporter=lambda step, metrics: reports.append(dict(metrics)),
+        workdir=tmp_path,
+    )
+    key = RECIPE_METRIC_PREFIX + "outside_share"
+    reports = [m for m in reports if "actor/pdm/masked_frac" in m]  # the training steps
+    assert reports and all(key in m for m in reports), reports[0].keys()
+    for m in reports:
+        assert m[key] == pytest.approx(m["actor/pdm/masked_frac"], rel=1e-6)
+        assert 0.3 < m[key] < 0.7

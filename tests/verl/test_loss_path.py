@@ -109,6 +109,43 @@ def test_loss_and_gradient_equal_math_api(method, agg_mode, delta, carry):
     )
 
 
+REPORTING = '''"""A test recipe that reports a scalar of its own."""
+from pdmask.registry import Recipe
+
+
+def masked_where_kl_is_high(batch):
+    kl = batch.stats.kl_topk
+    mask = (kl > kl[batch.response_mask].median()) & batch.response_mask
+    batch.report("outside_share", mask[batch.response_mask].float().mean())
+    return mask
+
+
+RECIPE = Recipe(
+    name="reporting", display_name="r", color="#123456", summary="s",
+    mask=masked_where_kl_is_high,
+)
+'''
+
+
+def test_a_recipes_own_scalar_reaches_verls_metrics(carried):
+    """RecipeBatch.report on verl's loss path: actor/pdm/recipe/<name>, next to the masked share
+    verl reports for the same micro-batch."""
+    from pdmask.backends.verl.file_recipes import ENV_VAR, FileRecipe
+    from pdmask.registry.recipe_files import recipe_from_source
+    from pdmask.trust_region import RECIPE_METRIC_PREFIX
+
+    entry = FileRecipe.of(recipe_from_source("recipes/reporting.py", REPORTING), {}, "bf16")
+    carried(entry.env()[ENV_VAR])
+    _, metrics = verl_step(make_batch(), ALL, actor_config(entry.loss_mode, delta=None))
+
+    def value(metric):
+        return metric.aggregate() if isinstance(metric, Metric) else metric
+
+    share = value(metrics[RECIPE_METRIC_PREFIX + "outside_share"])
+    clipfrac = value(metrics["actor/pg_clipfrac"])
+    assert share == pytest.approx(clipfrac, rel=1e-6) and 0.3 < share < 0.7, metrics
+
+
 def test_ratio_cap_reaches_the_loss(carry):
     batch = make_batch()
     job = carry("pdm-agg")  # carried without a cap: the job's own knob sets it

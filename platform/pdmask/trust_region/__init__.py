@@ -60,7 +60,7 @@ With mu known over the whole vocabulary, ``exact_divergence(logits, mu_logprobs,
 exact KL and ``Ddot`` that the top-K estimators approximate (diagnostics, analysis).
 """
 
-from pdmask.trust_region.contract import RecipeBatch
+from pdmask.trust_region.contract import RECIPE_METRIC_PREFIX, RecipeBatch
 from pdmask.trust_region.diagnostics import DISAGREEMENTS, diagnostics
 from pdmask.trust_region.exact import ExactDivergence, exact_divergence
 from pdmask.trust_region.hooks import (
@@ -95,6 +95,7 @@ __all__ = [
     "Method",
     "MethodOutput",
     "PolicyLossResult",
+    "RECIPE_METRIC_PREFIX",
     "RecipeBatch",
     "TokenStats",
     "aggregate_loss",

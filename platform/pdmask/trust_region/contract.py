@@ -27,13 +27,20 @@ verl's loss-aggregation modes (``token-mean`` by default).
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from pdmask.trust_region.stats import TokenStats
+
+RECIPE_METRIC_PREFIX = "actor/pdm/recipe/"
+"""Where a recipe's own scalars (:meth:`RecipeBatch.report`) are logged, on every backend."""
+# verl reduces a metric whose name contains "max" or "min" with max/min, whatever it means.
+_METRIC_NAME = re.compile(r"^(?!.*(max|min))[a-z][a-z0-9_]*$")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,23 @@ class RecipeBatch:
     mask: torch.Tensor | None = None
     """``[B, T]`` bool, the recipe's mask (True = gradient zeroed), for a loss of a recipe that
     declares ``loss_sees_mask``; None for masks and for every other loss."""
+    reported: dict[str, float] = field(default_factory=dict)
+    """What the recipe's mask and loss reported on this micro-batch (:meth:`report`)."""
+
+    def report(self, name: str, value: float | torch.Tensor) -> None:
+        """Log a scalar of the recipe's own (the size of a penalty, a bonus's share) as
+        ``actor/pdm/recipe/<name>``, averaged over the step's micro-batches, on every backend.
+        ``name``: lower-case letters, digits and ``_``, without "max"/"min" (verl would reduce
+        those by max/min)."""
+        if not _METRIC_NAME.match(name):
+            raise ValueError(
+                f"recipe metric name {name!r}: use lower-case letters, digits and '_', starting "
+                "with a letter, without 'max'/'min'"
+            )
+        number = float(value.detach()) if isinstance(value, torch.Tensor) else float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"recipe metric {name!r} is not finite ({number})")
+        self.reported[name] = number
 
     @property
     def dtype(self) -> torch.dtype:

@@ -45,7 +45,13 @@ from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
 from pdmask.errors import TrialFailed
 from pdmask.registry.backends import SIM
-from pdmask.trust_region import Method, aggregate_loss, apply_method, diagnostics
+from pdmask.trust_region import (
+    RECIPE_METRIC_PREFIX,
+    Method,
+    aggregate_loss,
+    apply_method,
+    diagnostics,
+)
 
 MaskFn = Method  # the recipe's mask and per-token loss, parameters bound (Recipe.method)
 Reporter = Callable[[int, dict[str, float]], None]
@@ -108,6 +114,7 @@ def _update(
         metrics[f"actor/pdm/sign_match_{name}"] = float(agree[valid].float().mean())
     metrics["actor/pdm/kl_full_mean"] = float(exact.kl[valid].mean())
     metrics["actor/pg_loss"] = float(loss.detach())
+    metrics |= {RECIPE_METRIC_PREFIX + k: v for k, v in step_out.batch.reported.items()}
     entropy = aggregate_loss(token_entropy(logits), valid, cfg.loss_agg_mode)
     metrics["actor/pdm/entropy_minibatch"] = float(entropy)
     return metrics, stats.ratio.detach()[valid]
@@ -126,7 +133,11 @@ def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
     ]
     per_update = [m for m, _ in updates]
     sync_behaviour(state.trainer, state.behaviour, cfg.precision, cfg.fp8_scaling)
-    metrics = {k: sum(m[k] for m in per_update) / len(per_update) for k in per_update[0]}
+    # Each key over the minibatches that have it (a recipe may report a scalar on some only).
+    keys = dict.fromkeys(k for m in per_update for k in m)
+    metrics = {
+        k: sum(m[k] for m in per_update if k in m) / sum(k in m for m in per_update) for k in keys
+    }
     # The first minibatch is scored at the parameters the step started from (verl's old policy).
     metrics["actor/entropy"] = per_update[0]["actor/pdm/entropy_minibatch"]
     ratios = torch.cat([r for _, r in updates]).double()

@@ -44,7 +44,7 @@ from pdmask.backends.verl.processor import (
 )
 from pdmask.errors import ConfigError
 from pdmask.registry.backends import VERL
-from pdmask.trust_region import Method, TokenStats, apply_method
+from pdmask.trust_region import RECIPE_METRIC_PREFIX, Method, TokenStats, apply_method
 
 compat.require(["plugin", "loss"])
 
@@ -199,6 +199,8 @@ def masked_policy_loss(
         # verl's names, so its dashboards show the masked share and the mismatch as for any loss.
         "actor/pg_clipfrac": ((mask & valid).sum() / n_valid).item(),
         "actor/ppo_kl": (torch.where(valid, old_log_prob - log_prob, 0.0).sum() / n_valid).item(),
+        # The recipe's own scalars (RecipeBatch.report), averaged over micro-batches by verl.
+        **{RECIPE_METRIC_PREFIX + k: v for k, v in out.batch.reported.items()},
     }
     return loss, metrics
 
