@@ -85,6 +85,10 @@ def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **params):
         ("dppo-topk-tv", "seq-mean-token-sum", DELTA),
         ("dppo-binary-kl", "token-mean", 0.002),
         ("pdm-tv", "token-mean", DELTA),
+        # issue 24's probe methods: a loss that sees its mask, two thresholds, a sequence region
+        ("k3-penalty", "token-mean", DELTA),
+        ("asym-pdm", "token-mean", DELTA),
+        ("seq-tv", "seq-mean-token-mean", DELTA),
     ],
 )
 def test_loss_and_gradient_equal_math_api(method, agg_mode, delta, carry):

@@ -37,8 +37,10 @@ import torch
 
 from pdmask.trust_region.stats import TokenStats
 
-RECIPE_METRIC_PREFIX = "actor/pdm/recipe/"
-"""Where a recipe's own scalars (:meth:`RecipeBatch.report`) are logged, on every backend."""
+RECIPE_METRIC_GROUP = "recipe/"
+"""A recipe's own scalars (:meth:`RecipeBatch.report`) among the ``actor/pdm/`` diagnostics."""
+RECIPE_METRIC_PREFIX = "actor/pdm/" + RECIPE_METRIC_GROUP
+"""Where the backends log them (the math API's ``policy_loss`` metrics: ``recipe/<name>``)."""
 # verl reduces a metric whose name contains "max" or "min" with max/min, whatever it means.
 _METRIC_NAME = re.compile(r"^(?!.*(max|min))[a-z][a-z0-9_]*$")
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pdmask.trust_region.contract import RECIPE_METRIC_GROUP
 from pdmask.trust_region.diagnostics import diagnostics
 from pdmask.trust_region.hooks import Method, apply_method
 from pdmask.trust_region.loss import aggregate_loss
@@ -54,4 +55,5 @@ def policy_loss(
     out = apply_method(method, stats, advantages, valid, backend=backend, precision=precision)
     loss = aggregate_loss(out.token_loss, valid, loss_agg_mode, **global_batch_info)
     metrics = diagnostics(out.batch.stats, out.batch.advantages, out.mask, valid, delta=delta)
+    metrics |= {RECIPE_METRIC_GROUP + k: v for k, v in out.batch.reported.items()}
     return PolicyLossResult(loss, out.token_loss, out.mask, out.batch.stats, metrics)
