@@ -4,12 +4,18 @@ The library entry point (``pdmask.api``), for scripts and notebooks::
 
     import pdmask
     pdmask.run_sweep("smoke", pdmask.SweepOptions(profile="smoke"))
+    pdmask.runs("smoke")        # its runs: a pandas DataFrame, one row per run
 """
 
 __version__ = "0.1.0"
 
-_LAZY = {"run_sweep": "pdmask.api", "SweepResult": "pdmask.api", "SweepOptions": "pdmask.api"}
-__all__ = ["SweepOptions", "SweepResult", "__version__", "run_sweep"]
+_LAZY = {
+    "run_sweep": "pdmask.api",
+    "runs": "pdmask.api",
+    "SweepResult": "pdmask.api",
+    "SweepOptions": "pdmask.api",
+}
+__all__ = ["SweepOptions", "SweepResult", "__version__", "run_sweep", "runs"]
 
 
 def __getattr__(name: str):

@@ -9,6 +9,9 @@ this): validate the whole grid (``ValidationFailed`` before anything launches), 
 already finished, train the rest on Ray, track them in MLflow, draw the figures. The project is
 found as the CLI finds it (``$PDM_PROJECT``, else the current folder or one above it), and the
 state folder is ``$PDM_HOME``, else ``<project>/.pdm``.
+
+``pdmask.runs("smoke")`` returns the sweep's runs as a pandas DataFrame (what `pdm runs` shows):
+tags, status, attempts, wall time, params, the headline metric's final and best values.
 """
 
 from __future__ import annotations
@@ -53,6 +56,18 @@ def run_sweep(sweep: str, options: SweepOptions | None = None) -> SweepResult:
     trials = plan(reg, sweep, options)
     code = run_trials(reg, reg.sweep(sweep), trials, options)
     return SweepResult(sweep, code, resolve_tracking_uri(options.tracking_uri), tuple(trials))
+
+
+def runs(sweep: str | None = None, tracking_uri: str | None = None):
+    """A pandas DataFrame with one row per MLflow run of ``sweep`` (every sweep's when None):
+    identity (method, model, precision, delta, seed, backend, trial_hash, ...), status,
+    attempts, start/end time and ``wall_s``, ``headline_final`` / ``headline_best`` (the headline
+    metric: the figures' evaluation accuracy, averaged over datasets), then ``params.<name>`` as plain
+    values. ``tracking_uri``: another store than the state folder's. An unknown sweep raises
+    ``ConfigError`` with the closest known names."""
+    from pdmask.tracking.results import runs as runs_frame
+
+    return runs_frame(sweep, tracking_uri)
 
 
 def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pdmask.errors import ConfigError, Problem, ValidationFailed, known_names, validation_problems
 from pdmask.paths import project_root
 from pdmask.registry.yaml_source import load_yaml, parse_yaml
+from pdmask.tracking.metric_names import HEADLINE_PATTERN
 
 SPEC_SUFFIXES = (".yaml", ".yml")
 
@@ -83,7 +84,7 @@ class MetricSpec(_Strict):
     """The plotted evaluation metric: the mean over every dataset whose metric name matches."""
 
     pattern: str = Field(
-        "val-core/*/acc/mean_at_16",
+        HEADLINE_PATTERN,
         description="MLflow metric name with exactly one `*` standing for the dataset name (one "
         "path segment). The plotted value at a step is the mean over the matching datasets "
         "present at that step. `@` is accepted and matched as MLflow's sanitised `_at_`.",
@@ -94,7 +95,7 @@ class MetricSpec(_Strict):
         description="Display names of datasets in the axis label, e.g. aime24: AIME24.",
     )
     description: str = Field(
-        "the mean over datasets matching `val-core/*/acc/mean_at_16`",
+        f"the mean over datasets matching `{HEADLINE_PATTERN}`",
         description="One sentence saying what the y value is; copied into the manifest.",
     )
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pdmask.registry.backends import SIM
+from pdmask.tracking.metric_names import HEADLINE_PATTERN
 
-EVAL = "val-core/{}/acc/mean_at_16"
+EVAL = HEADLINE_PATTERN.replace("*", "{}")
 SETTINGS = {  # panel key -> (model tag, precision tag)
     "4b-bf16": ("qwen3-4b-base", "bf16"),
     "8b-bf16": ("qwen3-8b-base", "bf16"),

@@ -15,3 +15,18 @@ _UNSAFE = re.compile(r"[^/\w.\- :]")
 def sanitize_metric(name: str) -> str:
     """MLflow-safe metric key, exactly as verl's MLflow adapter writes it (``@`` -> ``_at_``)."""
     return _UNSAFE.sub("_", re.sub(r"//+", "/", name.replace("@", "_at_")))
+
+
+HEADLINE_PATTERN = "val-core/*/acc/mean_at_16"
+"""The headline metric, one per dataset (``*``): the figures' default y value, the runs table's
+first column, ``pdm runs``' headline (VeRL's ``val-core/<dataset>/acc/mean@16``, as stored)."""
+_HEAD, _TAIL = HEADLINE_PATTERN.split("*")
+
+
+def is_headline(name: str) -> bool:
+    """Whether a stored metric name is the headline metric of some dataset."""
+    return (
+        name.startswith(_HEAD)
+        and name.endswith(_TAIL)
+        and "/" not in name[len(_HEAD) : -len(_TAIL)]
+    )

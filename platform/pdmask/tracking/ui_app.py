@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 
+from pdmask.tracking.metric_names import is_headline
 from pdmask.tracking.store import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 
 WORKFLOW_KEY = "mlflow.workflowType_v1"
@@ -35,7 +36,6 @@ ASSISTANT_OPENED_KEY = "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1"
 PAGE_STATE_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{}-ReactComponentState"
 # The runs table's columns of a sweep, in order; the headline metric is appended per experiment.
 RUN_COLUMNS = ("pdm.method", "pdm.model", "pdm.precision", "pdm.delta", "pdm.seed")
-HEADLINE_PREFIX, HEADLINE_SUFFIX = "val-core/", "/acc/mean_at_16"  # val-core/<dataset>/...
 _NO_CONDITIONAL = {b"if-none-match", b"if-modified-since"}  # the page is rewritten: never a 304
 
 
@@ -53,11 +53,7 @@ def training_columns(client) -> dict[str, list[str]]:
         columns = [_column("tags", key) for key in RUN_COLUMNS]
         runs = client.search_runs([exp.experiment_id], max_results=1, order_by=["start_time DESC"])
         for run in runs:
-            columns += [
-                _column("metrics", name)
-                for name in sorted(run.data.metrics)
-                if name.startswith(HEADLINE_PREFIX) and name.endswith(HEADLINE_SUFFIX)
-            ]
+            columns += [_column("metrics", m) for m in sorted(run.data.metrics) if is_headline(m)]
         out[exp.experiment_id] = columns
     return out
 

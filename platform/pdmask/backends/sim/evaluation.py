@@ -12,8 +12,9 @@ import torch
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.rollout import sample_responses
 from pdmask.backends.sim.task import AdditionTask
+from pdmask.tracking.metric_names import HEADLINE_PATTERN
 
-EVAL_METRIC = "val-core/synth/acc/mean_at_16"
+EVAL_METRIC = HEADLINE_PATTERN.replace("*", "synth")  # the synthetic task is its one dataset
 
 
 @torch.no_grad()

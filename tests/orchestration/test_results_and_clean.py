@@ -1,0 +1,217 @@
+"""`pdmask.runs`, `pdm runs` and `pdm clean` on the store of one real `smoke` sweep.
+
+The sweep runs once for the module (a real local Ray, a real sqlite store, the embedded backend);
+the tests read its runs, then `pdm clean` removes its finished checkpoints and a rerun of the
+sweep still finds every trial finished.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import ROOT, pdm, store_client
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A scratch project whose store holds one finished `smoke` sweep."""
+    root = tmp_path_factory.mktemp("results")
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, root / name)
+    (root / ".pdm").mkdir()
+    done = pdm(root, "sweep", "smoke", timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root
+
+
+@pytest.fixture(scope="module")
+def planned(project: Path) -> list[dict]:
+    """The sweep's trials as its dry run lists them (config and tags)."""
+    plan = pdm(project, "sweep", "smoke", "--dry-run", "--json")
+    assert plan.returncode == 0, plan.stderr
+    return json.loads(plan.stdout)["trials"]
+
+
+@pytest.fixture
+def frame(project: Path, monkeypatch):
+    import pdmask
+
+    monkeypatch.setenv("PDM_PROJECT", str(project))
+    monkeypatch.setenv("PDM_HOME", str(project / ".pdm"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    return pdmask.runs("smoke", tracking_uri=f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+
+
+def _records(rows: list[dict]) -> list[dict]:
+    """Rows without their empty cells (a run has no value for another recipe's params)."""
+    out = []
+    for row in rows:
+        kept = {}
+        for key, value in row.items():
+            if value is None or (isinstance(value, float) and math.isnan(value)):
+                continue
+            kept[key] = value.item() if hasattr(value, "item") else value
+        out.append(kept)
+    return sorted(out, key=lambda r: r["run_id"])
+
+
+def test_the_frame_has_one_finished_row_per_trial_with_its_tags(frame, planned):
+    assert len(frame) == len(planned) == 2
+    by_hash = frame.set_index("trial_hash")
+    for trial in planned:
+        tags = trial["tags"]
+        row = by_hash.loc[tags["pdm.trial_hash"]]
+        for column in ("method", "model", "precision", "backend", "sweep", "setting"):
+            assert row[column] == tags[f"pdm.{column}"]
+        assert row["delta"] == float(tags["pdm.delta"]) and row["seed"] == int(tags["pdm.seed"])
+        assert row["status"] == "FINISHED" and row["attempts"] == 1
+        assert math.isfinite(row["headline_final"]) and math.isfinite(row["headline_best"])
+        assert row["headline_best"] >= row["headline_final"]
+        assert row["wall_s"] > 0
+        # params as plain values: a float is a float, not its text
+        assert row["params.delta"] == float(tags["pdm.delta"])
+    assert frame["run_name"].is_unique
+
+
+def test_runs_json_is_the_frame(project, frame):
+    listed = pdm(project, "runs", "smoke", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert _records(json.loads(listed.stdout)) == _records(frame.to_dict("records"))
+
+
+def test_runs_table_lists_every_run_whole(project, frame):
+    shown = pdm(project, "runs", "smoke")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    for name in frame["run_name"]:
+        (line,) = [line for line in lines if name in line.split()]  # one row, not folded
+        assert "FINISHED" in line
+    every = pdm(project, "runs")  # every sweep of the store: a sweep column
+    assert every.returncode == 0 and all(
+        any(ln.split()[:2] == ["smoke", name] for ln in every.stdout.splitlines())
+        for name in frame["run_name"]
+    ), every.stdout
+
+
+def test_an_unknown_sweep_is_exit_2_with_did_you_mean(project):
+    wrong = pdm(project, "runs", "smok")
+    assert wrong.returncode == 2
+    assert "unknown sweep 'smok'" in wrong.stderr and "did you mean 'smoke'" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+
+
+def _size(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def test_clean_lists_then_removes_finished_checkpoints_and_a_rerun_trains_nothing(project, frame):
+    state = project / ".pdm"
+    checkpoints = sorted((state / "trials").iterdir())
+    assert {p.name for p in checkpoints} == set(frame["trial_hash"])
+    assert all(_size(p) > 0 for p in checkpoints)
+    # something outside the state folder, reachable through a link inside it, and an old Ray
+    # session: the first must survive, the second go
+    outside = project / "outside"
+    (outside / "keep").mkdir(parents=True)
+    (outside / "keep" / "data").write_text("not pdm's")
+    (state / "trials" / ("f" * 64)).symlink_to(outside / "keep")
+    old_session = state / "ray" / "session_2000-01-01_00-00-00_000000_1"
+    (old_session / "logs").mkdir(parents=True)
+    (old_session / "logs" / "raylet.out").write_text("x" * 5000)
+    long_ago = time.time() - 86400
+    for p in (old_session / "logs" / "raylet.out", old_session / "logs", old_session):
+        os.utime(p, (long_ago, long_ago))
+    store = (state / "mlflow.db").read_bytes()
+
+    dry = pdm(project, "clean")
+    assert dry.returncode == 0, dry.stderr
+    for folder in checkpoints:
+        (line,) = [ln for ln in dry.stdout.splitlines() if f"trials/{folder.name}" in ln]
+        assert line.split()[0] == "checkpoint" and re.search(r" \d+\.\d (KiB|MiB) ", line)
+    assert old_session.name in dry.stdout and "would remove" in dry.stdout
+    assert "nothing deleted" in dry.stdout
+    assert all(p.is_dir() for p in checkpoints) and old_session.is_dir()  # a dry run
+
+    done = pdm(project, "clean", "--yes")
+    assert done.returncode == 0, done.stderr
+    assert "freed" in done.stdout
+    assert not any(p.exists() for p in checkpoints) and not old_session.exists()
+    assert (outside / "keep" / "data").read_text() == "not pdm's"  # nothing outside the state
+    assert (state / "mlflow.db").read_bytes() == store  # the store is untouched
+
+    again = pdm(project, "sweep", "smoke", timeout=600)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "2 already finished, 0 to run" in again.stdout
+    assert not (state / "trials").exists() or not any(
+        p.name in set(frame["trial_hash"]) for p in (state / "trials").iterdir()
+    )
+    runs = store_client(project).search_runs(
+        [store_client(project).get_experiment_by_name("smoke").experiment_id]
+    )
+    assert sorted(r.info.run_id for r in runs) == sorted(frame["run_id"])
+
+
+def _aged(folder: Path) -> Path:
+    """``folder`` made, with a file, all last changed a day ago (an old leftover)."""
+    (folder / "logs").mkdir(parents=True)
+    (folder / "logs" / "out").write_text("x" * 100)
+    long_ago = time.time() - 86400
+    for p in (folder / "logs" / "out", folder / "logs", folder):
+        os.utime(p, (long_ago, long_ago))
+    return folder
+
+
+def test_clean_keeps_what_a_live_process_uses_and_what_just_changed(project):
+    state = project / ".pdm"
+    used = _aged(state / "ray" / "session_2000-01-02_00-00-00_000000_2")
+    # a live process naming the session on its command line, as Ray's GCS and raylet do
+    ray_like = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)", f"--session-name={used.name}"]
+    )
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        text=True,
+        capture_output=True,
+        check=True,
+    )
+    ended = _aged(state / "ray_results" / f"smoke-20000102-000000-{gone.stdout.strip()}")
+    running = _aged(state / "ray_results" / f"smoke-20000102-000001-{ray_like.pid}")
+    try:
+        dry = pdm(project, "clean")
+        assert dry.returncode == 0, dry.stderr
+        kept = {
+            ln.split()[1].rstrip(":"): ln
+            for ln in dry.stdout.splitlines()
+            if ln.startswith("kept ")
+        }
+        assert "a live Ray uses it" in kept[f"ray/{used.name}"]
+        assert f"pid {ray_like.pid}) is running" in kept[f"ray_results/{running.name}"]
+        assert f"ray_results/{ended.name}" in dry.stdout and f"ray_results/{ended.name}" not in kept
+        # the module's own sweep ran minutes ago: its session is recent, so it stays
+        own = [
+            p
+            for p in (state / "ray").iterdir()
+            if p.name.startswith("session_")
+            and not p.name.startswith("session_2000")
+            and not p.is_symlink()
+        ]
+        assert own and all("changed in the last" in kept[f"ray/{p.name}"] for p in own)
+        done = pdm(project, "clean", "--yes")
+        assert done.returncode == 0, done.stderr
+        assert not ended.exists() and used.is_dir() and running.is_dir()
+        assert all(p.is_dir() for p in own)
+    finally:
+        ray_like.kill()
+        ray_like.wait()
