@@ -18,14 +18,13 @@ Launch: put `asym-pdm` on any sweep's `method` axis with `params.neg_scale` (a n
 paper source beyond pdm-agg itself).
 """
 
-import torch
-
 from pdmask.registry import Param, Recipe
 from pdmask.registry.common_params import DELTA, TOPK
-from pdmask.trust_region import composed_mask
 
 
 def asymmetric_mask(batch):
+    from pdmask.trust_region import composed_mask  # here: listing recipes never imports torch
+
     delta = batch.params["delta"]
     positive = composed_mask("kl_topk", "ddot_agg", batch.stats, batch.advantages, delta=delta)
     negative = composed_mask(
@@ -35,7 +34,7 @@ def asymmetric_mask(batch):
         batch.advantages,
         delta=delta * batch.params["neg_scale"],
     )
-    return torch.where(batch.advantages > 0, positive, negative)
+    return positive.where(batch.advantages > 0, negative)
 
 
 RECIPE = Recipe(

@@ -16,14 +16,13 @@ verl reports as `pg_clipfrac`); the penalty's mean is logged as `actor/pdm/recip
 Launch: put `k3-penalty` on any sweep's `method` axis (no delta: one trial per cell).
 """
 
-import torch
-
 from pdmask.registry import Param, Recipe
 from pdmask.registry.common_params import EPS_HIGH, EPS_LOW
-from pdmask.trust_region import composed_mask
 
 
 def clipped(batch):
+    from pdmask.trust_region import composed_mask  # here: listing recipes never imports torch
+
     return composed_mask(
         "ratio",
         "ratio",
@@ -43,7 +42,7 @@ def k3(batch):
 def k3_penalty_loss(batch):
     penalty = k3(batch)
     batch.report("k3_mean", penalty.detach()[batch.response_mask].mean())
-    pg = torch.where(batch.mask, torch.zeros_like(penalty), -batch.ratio * batch.advantages)
+    pg = (-batch.ratio * batch.advantages).masked_fill(batch.mask, 0.0)
     return batch.params["beta"] * penalty + pg
 
 
