@@ -69,6 +69,8 @@ LONGEST_FIRST = (
     "recipes/test_new_methods_e2e.py",
     "orchestration/test_trial_runs.py",
     "orchestration/test_stalls.py",
+    "orchestration/test_results_and_clean.py",
+    "orchestration/test_trial_logs.py",
     "orchestration/test_lost_cluster.py",
     "orchestration/test_environment_errors.py",
     "benchmarks/test_gpu_check.py",

@@ -14,7 +14,6 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-
 # Off a terminal (a pipe, a log, CI) nothing reflows the text afterwards: a table is printed as wide
 # as its cells need (up to this), never with its cells cut to an assumed width.
 PIPED_WIDTH = 400

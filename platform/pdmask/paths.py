@@ -66,6 +66,11 @@ def ray_temp_dir() -> Path:
     return state_dir() / "ray"
 
 
+def tune_results_dir() -> Path:
+    """Ray Tune's experiment folders (one per `pdm sweep` invocation), not ``~/ray_results``."""
+    return state_dir() / "ray_results"
+
+
 def default_artifact_root() -> Path:
     path = state_dir() / "mlartifacts"
     path.mkdir(parents=True, exist_ok=True)

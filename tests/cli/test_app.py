@@ -18,7 +18,10 @@ from .conftest import ROOT, pdm
 
 pytestmark = pytest.mark.processes
 
-COMMANDS = {"recipes", "sweeps", "sweep", "validate", "ui", "figure", "analyze", "data", "schema"}
+COMMANDS = {
+    "recipes", "sweeps", "sweep", "validate", "ui", "figure", "analyze", "data", "schema",
+    "runs", "logs", "clean",
+}  # fmt: skip
 WIDE = {"COLUMNS": "200"}  # rich wraps help at the terminal's width
 
 
@@ -40,6 +43,9 @@ def test_every_command_is_listed_and_builds():
         ["analyze", "tokens"],
         ["data", "prepare"],
         ["schema"],
+        ["runs"],
+        ["logs"],
+        ["clean"],
     ):
         helped = pdm(*argv, "--help", env=WIDE)
         assert helped.exit_code == 0, (argv, helped.output)

@@ -153,7 +153,9 @@ def _assert_progress_lines(project, out: str) -> None:
     assert "sweep smoke: summary, wall time " in out, out
     results = [ln.split() for ln in lines if ln.strip().startswith(("dppo-topk-kl ", "pdm-agg "))]
     assert sorted(r[:2] for r in results) == [["dppo-topk-kl", "1"], ["pdm-agg", "1"]], out
-    noise = [ln for ln in lines if re.search(r"\b(INFO|WARNING)\b|alembic|mlflow\.(?!db)|optuna", ln)]
+    noise = [
+        ln for ln in lines if re.search(r"\b(INFO|WARNING)\b|alembic|mlflow\.(?!db)|optuna", ln)
+    ]
     assert not noise, noise
     driver_log = project / ".pdm" / "logs" / "smoke" / "driver.log"
     assert driver_log.is_file() and driver_log.stat().st_size > 0, "the libraries' lines are kept"

@@ -33,10 +33,9 @@ from pathlib import Path
 
 from pdmask.orchestration.claims import Claim, claim_held
 from pdmask.orchestration.workdirs import OWNER_FILE
-from pdmask.paths import ray_temp_dir, state_dir
+from pdmask.paths import ray_temp_dir, state_dir, tune_results_dir
 
 RECENT_S = 600  # a session or Tune folder changed this recently may belong to a starting sweep
-TUNE_FOLDER = "ray_results"  # runner.py's storage_path, under the state folder
 CHECKPOINT, RAY_SESSION, TUNE = "checkpoint", "ray session", "tune folder"
 
 
@@ -177,7 +176,7 @@ def _pid_alive(pid: int) -> bool:
 
 def _tune_folders(state: Path, now: float) -> list[Leftover]:
     out = []
-    for folder in _subfolders(state / TUNE_FOLDER, state):
+    for folder in _subfolders(tune_results_dir(), state):
         size, newest = _tree(folder)
         tail = folder.name.rsplit("-", 1)[-1]
         kept = None

@@ -1,46 +1,64 @@
-"""Live progress of a sweep: a table (trial, state, step, latest eval, ETA) and a final summary."""
+"""Live progress of a sweep: a header (counts, elapsed, ETA) above the trials that fit, or lines.
+
+On a terminal, a live display (``progress_view.view``): the header, running trials first, cut to
+the terminal's height. Elsewhere (piped, ``CI`` set), one line per trial event (started,
+finished, failed, retrying) and a heartbeat, the header's line with the time, every
+``HEARTBEAT_S`` (the first when Tune's loop starts), printed even when no trial reports: Tune
+calls ``on_step_begin`` many times a second. ``Phase``: a line for a slow step before the first
+trial reports, and its time when done.
+"""
 
 from __future__ import annotations
 
-import sys
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from ray.tune import Callback
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 
-from pdmask.console import table
+from pdmask.orchestration.progress_view import FAILED, Row, duration, header, view
+
+__all__ = ["HEARTBEAT_S", "Phase", "Row", "SweepProgress", "interactive"]
+
+HEARTBEAT_S = 45.0  # off a terminal, a line with the counts at least this often
 
 
-@dataclass
-class Row:
-    name: str
-    state: str = "pending"
-    step: int = -1
-    total: int = 0
-    eval: float | None = None
-    attempt: int = 1
-    started: float = field(default_factory=time.time)
-    first_step_at: float | None = None
-    first_step: int = 0
-    outcome: str | None = None
+def interactive(console: Console) -> bool:
+    """A live display: the console is a terminal and no CI says its output is a log."""
+    return console.is_terminal and os.environ.get("CI", "").lower() in ("", "0", "false")
 
-    def eta(self) -> str:
-        if (
-            self.state != "running"
-            or self.first_step_at is None
-            or self.step <= self.first_step
-            or not self.total
-        ):
-            return ""
-        rate = (time.time() - self.first_step_at) / (self.step - self.first_step)
-        return f"{rate * max(self.total - self.step, 0):.0f}s"
+
+class Phase:
+    """A slow step: ``doing…`` when it starts, ``done (time)`` when it ends (not on an error)."""
+
+    def __init__(self, console: Console, doing: str, done: str, clock=time.monotonic):
+        self.console, self.done, self.clock = console, done, clock
+        self.console.print(f"{doing}…")
+        self.began, self.ended = clock(), False
+
+    def end(self) -> None:
+        if not self.ended:
+            self.ended = True
+            self.console.print(f"{self.done} ({duration(self.clock() - self.began)})")
+
+    def __enter__(self) -> Phase:
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        if kind is None:
+            self.end()
 
 
 class SweepProgress(Callback):
-    """A Tune callback: keeps one row per trial; live table on a terminal, lines otherwise."""
+    """A Tune callback: keeps one row per trial; live display on a terminal, lines otherwise.
+
+    ``names``: run name of each planned trial by hash (the queued rows); ``total``: trials this
+    invocation runs (default: one per name); ``slots``: how many run side by side (for the ETA;
+    the most seen running when larger); ``started``: when the sweep began, on ``clock``;
+    ``first_step``: the phase that ends when the first trial reports a step."""
 
     def __init__(
         self,
@@ -48,6 +66,14 @@ class SweepProgress(Callback):
         console: Console | None = None,
         failure_of: Callable[[dict], str | None] | None = None,
         on_store_lost: Callable[[], None] | None = None,
+        *,
+        sweep: str = "sweep",
+        total: int | None = None,
+        slots: int = 1,
+        clock: Callable[[], float] = time.monotonic,
+        started: float | None = None,
+        live: bool | None = None,
+        first_step: Phase | None = None,
     ):
         self.rows: dict[str, Row] = {}
         self.names = names  # Tune trial id is unknown upfront: map via the reported trial hash
@@ -58,10 +84,18 @@ class SweepProgress(Callback):
         # sweep (no other trial can record anything either).
         self.store_lost: str | None = None
         self.on_store_lost = on_store_lost
+        self.sweep, self.total, self.slots = sweep, len(names) if total is None else total, slots
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.next_heartbeat: float | None = None  # due at once when Tune's loop starts
+        self.first_step = first_step
         self.live: Live | None = None
-        if sys.stdout.isatty():
+        if live if live is not None else interactive(self.console):
             self.live = Live(
-                self.render(), console=self.console, refresh_per_second=2, transient=False
+                console=self.console,
+                get_renderable=self.render,
+                refresh_per_second=2,
+                transient=False,
             )
             self.live.start()
 
@@ -73,32 +107,67 @@ class SweepProgress(Callback):
         state["live"] = None
         state["failure_of"] = None  # holds the driver's MLflow client
         state["on_store_lost"] = None  # holds the driver's stop event
+        state["clock"] = None  # a test's clock may not pickle
+        state["first_step"] = None  # holds the console
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.console = Console(highlight=False)
+        self.clock = time.monotonic
 
     def _row(self, trial, result=None) -> Row:
         key = trial.trial_id
         if key not in self.rows:
-            self.rows[key] = Row(name=trial.trial_id)
+            self.rows[key] = Row(name=trial.trial_id, started=self.clock())
+            self._name_from_config(self.rows[key], getattr(trial, "config", None))
         row = self.rows[key]
         if result and "pdm_trial_hash" in result:
-            row.name = self.names.get(result["pdm_trial_hash"], result["pdm_trial_hash"])
+            row.trial_hash = result["pdm_trial_hash"]
+            row.name = self.names.get(row.trial_hash, row.name)
         return row
 
+    def _name_from_config(self, row: Row, config: dict | None) -> None:
+        """The trial's hash and run name, from its Tune config (a search's sampled point too)."""
+        from pdmask.orchestration.trainable import trial_from_config
+
+        try:
+            trial = trial_from_config(config)
+        except Exception:  # not a pdmask config: the Tune trial id stays its name
+            return
+        row.trial_hash = trial.trial_hash
+        row.name = self.names.get(row.trial_hash) or trial.run_name()
+
+    def _queued_names(self) -> list[str]:
+        started = {r.trial_hash for r in self.rows.values()}
+        return [n for h, n in self.names.items() if h not in started]
+
     def _event(self, row: Row, text: str) -> None:
-        if self.live is not None:
-            self.live.update(self.render())
-        else:
-            self.console.print(f"[{time.strftime('%H:%M:%S')}] {row.name}: {text}")
+        if self.live is None:
+            self.console.print(f"[{time.strftime('%H:%M:%S')}] {escape(row.name)}: {escape(text)}")
+
+    def header(self) -> str:
+        now = self.clock()
+        rows = list(self.rows.values())
+        return header(self.sweep, rows, self.total, now - self.started, now, self._slots(rows))
+
+    def _slots(self, rows: list[Row]) -> int:
+        return max(self.slots, sum(r.state == "running" for r in rows), 1)
+
+    def heartbeat(self) -> None:
+        """Off a terminal: the header's line when it is due (every ``HEARTBEAT_S``)."""
+        now = self.clock()
+        if self.live is not None or (self.next_heartbeat is not None and now < self.next_heartbeat):
+            return
+        self.next_heartbeat = now + HEARTBEAT_S
+        self.console.print(f"[{time.strftime('%H:%M:%S')}] {self.header()}")
+
+    def on_step_begin(self, iteration, trials, **info):
+        self.heartbeat()
 
     def on_trial_start(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row.state = "running"
-        if self.live is not None:
-            self.live.update(self.render())
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         row = self._row(trial, result)
@@ -106,8 +175,10 @@ class SweepProgress(Callback):
         row.attempt = int(result.get("pdm_attempt", row.attempt))
         if "pdm_step" in result:
             if row.first_step_at is None:
-                row.first_step_at, row.first_step = time.time(), int(result["pdm_step"])
+                row.first_step_at, row.first_step = self.clock(), int(result["pdm_step"])
             row.step = int(result["pdm_step"])
+            if self.first_step is not None:
+                self.first_step.end()
         if "pdm_waiting_for" in result and row.state != "waiting":
             row.state = "waiting"
             self._event(
@@ -124,6 +195,7 @@ class SweepProgress(Callback):
                 self.on_store_lost()
         if outcome:
             row.outcome = outcome
+            row.finished_at = self.clock()
             row.state = {
                 "finished": "done",
                 "already-done": "skipped",
@@ -134,11 +206,9 @@ class SweepProgress(Callback):
             if result.get("pdm_error"):  # a configuration or recipe error: show it, not retried
                 detail += f": {result['pdm_error']}"
                 if self.live is not None:  # the live table has no room for it
-                    self.console.print(f"{row.name}: {outcome}{detail}")
+                    self.console.print(escape(f"{row.name}: {outcome}{detail}"))
             self._event(row, f"{outcome}{detail}")
-        elif self.live is not None:
-            self.live.update(self.render())
-        elif row.step == row.first_step:
+        elif self.live is None and row.step == row.first_step:
             self._event(row, f"started (attempt {row.attempt})")
 
     def on_trial_recover(self, iteration, trials, trial, **info):
@@ -148,31 +218,33 @@ class SweepProgress(Callback):
 
     def on_trial_error(self, iteration, trials, trial, **info):
         row = self._row(trial)
-        row.state = "failed"
+        if row.state not in FAILED:
+            row.state, row.finished_at = "failed", self.clock()
         self._failure(row, trial, "retries exhausted")
 
     def _failure(self, row: Row, trial, then: str) -> None:
         reason = self.failure_of(trial.config) if self.failure_of else None
         text = f"{reason}; {then}" if reason else f"crashed; {then}"
         if reason and self.live is not None:  # the live table has no room for it
-            self.console.print(f"{row.name}: {text}")
+            self.console.print(escape(f"{row.name}: {text}"))
         self._event(row, text)
 
     def render(self):
-        body = [
-            [
-                r.name,
-                r.state,
-                f"{max(r.step, 0)}/{r.total}" if r.total else max(r.step, 0),
-                "" if r.eval is None else f"{r.eval:.3f}",
-                r.eta(),
-            ]
-            for r in self.rows.values()
-        ]
-        return table("trials", ["trial", "state", "step", "avg@16", "ETA"], body)
+        now = self.clock()
+        rows = list(self.rows.values())  # a snapshot: the live display renders from its thread
+        return view(
+            self.sweep,
+            rows,
+            self._queued_names(),
+            total=self.total,
+            elapsed=now - self.started,
+            now=now,
+            slots=self._slots(rows),
+            height=self.console.size.height,
+        )
 
     def close(self) -> None:
         if self.live is not None:
-            self.live.update(self.render())
+            self.live.refresh()
             self.live.stop()
             self.live = None

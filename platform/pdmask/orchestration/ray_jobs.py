@@ -18,6 +18,8 @@ Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
    ``pdm.failure_reason`` (every attempt's reason is kept in ``pdm.failures``), and is retried
    ``sweep.retries`` times; a job that SUCCEEDED whose run is not FINISHED is settled: FINISHED
    (tagged ``pdm.finished_by``) when the run has metrics, else a failed attempt.
+   Every ended job's driver log (Jobs API) is appended to the trial's log in the state folder
+   and logged as its run's artifact (``trial_logs.py``).
 6. Ctrl-C detaches: the jobs keep running on the cluster; the same command attaches again.
 
 On a CPU cluster profile (``this-machine``) with no ``--address`` pdmask starts a Ray head on this
@@ -342,6 +344,7 @@ class JobRunner:
     def _settle(self, job: TrialJob, view: JobView) -> None:
         run_id = view.run_id or job.run_id
         job.run_id = run_id
+        self._keep_log(job, view)
         if view.status == "SUCCEEDED":
             problem = self._settle_success(run_id)
             if problem is None:
@@ -354,6 +357,34 @@ class JobRunner:
             ended_by = take_watchdog_reason(self.client, run_id)
             ended_by = ended_by and f"ended by the job's watchdog: {ended_by}"
             self._fail(job, f"{ended_by}\n{reason}" if ended_by else reason)
+
+    def _keep_log(self, job: TrialJob, view: JobView) -> None:
+        """The ended job's driver log: appended to the trial's log in the state folder and
+        logged as its run's artifact (``trial_logs``), best effort."""
+        from pdmask.orchestration import trial_logs
+
+        if self.cluster is None:  # settling from MLflow alone (no cluster to ask)
+            return
+        text = self.cluster.driver_log(view.submission_id)
+        if text is None:
+            return
+        trial = job.trial
+        attempt = view.submission_id.rsplit("-a", 1)[-1]
+        source = f"Ray job {view.submission_id} {view.status}, fetched {time.strftime('%Y-%m-%dT%H:%M:%S')}"
+        first = trial_logs.header(
+            trial.run_name(), trial.trial_hash, job.run_id or "unknown", attempt, source
+        )
+        try:
+            path = trial_logs.append(
+                trial_logs.log_path(self.sweep.name, trial.run_name()), first, text
+            )
+        except OSError as err:
+            self.console.print(
+                f"[yellow]could not keep the log of {view.submission_id}: {err}[/yellow]"
+            )
+            return
+        if job.run_id:
+            trial_logs.upload(self.client, job.run_id, path)
 
     def _settle_success(self, run_id: str | None) -> str | None:
         """None when the run is (now) FINISHED; otherwise what is wrong with it."""

@@ -91,6 +91,14 @@ class JobCluster:
     def view(self, submission_id: str) -> JobView:
         return JobView.of(self.client.get_job_info(submission_id))
 
+    def driver_log(self, submission_id: str) -> str | None:
+        """The job's driver log (its entrypoint's stdout and stderr), or None when the cluster
+        cannot give it now: it is a copy, its absence never fails a trial."""
+        try:
+            return self.client.get_job_logs(submission_id)
+        except Exception:
+            return None
+
     def failure_reason(self, job: JobView) -> str:
         """Why a job failed: its status, exit code and Ray's message, then its log's last lines."""
         head = f"Ray job {job.submission_id} {job.status}"

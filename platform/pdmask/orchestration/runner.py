@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from rich.console import Console
@@ -23,7 +23,7 @@ from rich.console import Console
 from pdmask.console import table
 from pdmask.errors import ClusterLost, StoreLost
 from pdmask.orchestration.options import SweepOptions
-from pdmask.paths import state_dir
+from pdmask.paths import state_dir, tune_results_dir
 from pdmask.registry import Registry, Sweep, Trial
 from pdmask.tracking import (
     TrialStatusIndex,
@@ -48,15 +48,22 @@ class SweepOutcome:
     best: dict[str, Any] | None = None
     config_errors: int = 0  # FAILED because their configuration was refused (never retried)
     lost_cluster: str | None = None  # why the sweep ended early: its Ray cluster was lost
+    wall_s: float | None = None  # from the invocation's start to its trials' settling
+    # the final headline metric of each setting over its seeds (summary.results_by_setting)
+    results: list[dict[str, Any]] = field(default_factory=list)
+    headline: list[str] = field(default_factory=list)  # the metrics it is the mean of
+    failures: list[dict[str, str]] = field(default_factory=list)  # name and reason (summary.py)
 
 
 def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOptions) -> int:
     """Run ``trials`` (the expanded ``sweep``): 0 when every one finished, 1 when some failed or
     a figure could not be drawn, 2 when a trial's configuration was refused, 130 when interrupted
     (rerunning resumes). Callers: ``pdmask.api``, after ``preflight.checked_trials``."""
+    from pdmask.orchestration.driver_logs import routed
     from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
     from pdmask.registry.backends import Launch, backend_spec
 
+    started = time.monotonic()
     console = Console(highlight=False)
     backend = backend_spec(trials[0].backend if trials else options.backend or sweep.backend)
     if backend.launch is Launch.RAY_JOBS:  # each trial a Ray Job on a cluster
@@ -64,19 +71,20 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
 
         uri = resolve_tracking_uri(options.tracking_uri)
         client = open_client(uri)  # a bad store stops us here, before anything is submitted
-        return run_job_sweep(
-            reg,
-            sweep,
-            trials,
-            options,
-            client=client,
-            uri=uri,
-            experiment_id=ensure_experiment(client, sweep.name, sweep.description),
-            tags=provenance_tags(reg.root),
-            console=console,
-        )
+        with routed(sweep.name):  # the libraries' log lines go to driver.log, as for Tune
+            return run_job_sweep(
+                reg,
+                sweep,
+                trials,
+                options,
+                client=client,
+                uri=uri,
+                experiment_id=ensure_experiment(client, sweep.name, sweep.description),
+                tags=provenance_tags(reg.root),
+                console=console,
+            )
     figures_failed = 0
-    with handled() as interrupts:
+    with handled() as interrupts, routed(sweep.name):
         uri = resolve_tracking_uri(options.tracking_uri)
         client = open_client(uri)  # a bad store stops us here, before Ray starts
         experiment_id = ensure_experiment(client, sweep.name, sweep.description)
@@ -92,6 +100,7 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
             root=reg.root,
             console=console,
             interrupts=interrupts,
+            started=started,
         )
         _summary(console, sweep, outcome, uri)
         if outcome.lost_cluster:
@@ -141,20 +150,31 @@ def execute(
     console: Console,
     calibration_seconds: float | None = None,
     interrupts=None,
+    started: float | None = None,
 ) -> SweepOutcome:
     """Train the unfinished ``trials`` on Ray Tune; their final states, read from MLflow.
-    ``interrupts``: stop requests (SIGINT, SIGTERM) that end the sweep early, resumable."""
+    ``interrupts``: stop requests (SIGINT, SIGTERM) that end the sweep early, resumable;
+    ``started``: when the invocation began (``time.monotonic``; default: now), for its wall time."""
+    started = time.monotonic() if started is None else started
     from ray import tune
+
+    from pdmask.orchestration.driver_logs import reroute
+
+    reroute()  # importing Ray gave its logger a console handler (driver_logs.py)
 
     from pdmask.backends.interface import load_backend
     from pdmask.orchestration.cluster_watch import ClusterWatch
     from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
     from pdmask.orchestration.local_ray import connect, reap_embedded
-    from pdmask.orchestration.progress import SweepProgress
+    from pdmask.orchestration.progress import Phase, SweepProgress
     from pdmask.orchestration.storage import check_writable, quiet_storage_logs
     from pdmask.orchestration.trainable import run_trial, trial_bounds
+    from pdmask.orchestration.trial_logs import tune_dirnames
 
-    done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
+    by_hash = runs_by_hash(client, experiment_id)
+    done = TrialStatusIndex(by_hash).finished_hashes()
+    # the headline metric: the mean of the backend's evaluation metrics (summary.py)
+    headline = load_backend(trials[0].backend).eval_metrics(sweep.cluster) if trials else []
     if sweep.search is not None:
         todo_count = max(sweep.search.budget - len(done), 0)
         todo = trials[:1] if todo_count else []
@@ -167,13 +187,24 @@ def execute(
         f"{skipped} already finished, {todo_count} to run (tracking: {redact(uri)})"
     )
     if not todo:
-        return SweepOutcome(0, 0, skipped, 0, best=_best(client, experiment_id, sweep))
+        outcome = SweepOutcome(0, 0, skipped, 0, best=_best(client, experiment_id, sweep))
+        runs = [r for h, rs in by_hash.items() if h in done for r in rs]
+        return _concluded(outcome, runs, headline, started)
     interrupts = interrupts or Interrupts()
     if interrupts.requested:  # stopped while the store was checked: start nothing
-        return _settle(client, experiment_id, sweep, trials, skipped, console)
+        return _settle(
+            client, experiment_id, sweep, trials, skipped, console, headline, started=started
+        )
 
     env = {"PDM_PROJECT": str(root), "PDM_HOME": str(state_dir()), "MLFLOW_TRACKING_URI": uri}
-    started_ray = connect(address, env)
+    where = (
+        ("connecting to the Ray cluster", "connected")
+        if address
+        else ("starting Ray", "Ray started")
+    )
+    with Phase(console, *where):
+        started_ray = connect(address, env)
+    reroute()
     quiet_storage_logs()
     interrupts.install()  # Ray's driver took SIGTERM over
     # The tracking URI reaches the trials through their environment only: Tune writes its
@@ -190,9 +221,11 @@ def execute(
         "calibration_seconds": calibration_seconds,
         "watchdog": asdict(trial_bounds()),
     }
-    names = {t.trial_hash: t.run_name() for t in todo}
+    # the queued trials' names (a search's points are sampled as it goes: none known upfront)
+    names = {t.trial_hash: t.run_name() for t in todo} if sweep.search is None else {}
     if sweep.search is not None:
         space, searcher = _search_space(sweep, client, experiment_id)
+        reroute()  # importing Optuna gave its logger a console handler
         static["objective"] = sanitize_metric(sweep.search.metric)  # as logged
         param_space = {"trial": todo[0].model_dump(mode="json"), "search": space, **static}
         tune_config = tune.TuneConfig(
@@ -210,6 +243,7 @@ def execute(
         tune_config = tune.TuneConfig(
             max_concurrent_trials=max_concurrent or (os.cpu_count() or 2), reuse_actors=True
         )
+    tune_config.trial_dirname_creator = tune_dirnames()  # Tune's trial folders: the run names
 
     def failure_of(config: dict) -> str | None:  # why a trial's attempt failed, from its run
         from pdmask.orchestration.trainable import trial_from_config
@@ -225,14 +259,32 @@ def execute(
         crashed = None if stalled else attempt_failure(runs[0])
         return stalled or (crashed and f"crashed: {crashed}")
 
-    progress = SweepProgress(names, console, failure_of, on_store_lost=interrupts.event.set)
+    import ray
+
+    cpus = int(ray.cluster_resources().get("CPU", 1))  # one CPU per trial
+    first_step = Phase(
+        console,
+        f"starting {todo_count} trials (workers start, base models are loaded or built)",
+        "first training step reported",
+    )
+    progress = SweepProgress(
+        names,
+        console,
+        failure_of,
+        on_store_lost=interrupts.event.set,
+        sweep=sweep.name,
+        total=todo_count,
+        slots=min(tune_config.max_concurrent_trials or cpus, cpus),
+        started=started,
+        first_step=first_step,
+    )
     tuner = tune.Tuner(
         tune.with_resources(run_trial, {"cpu": 1}),
         param_space=param_space,
         tune_config=tune_config,
         run_config=tune.RunConfig(
             name=f"{sweep.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",  # unique per invocation
-            storage_path=str(state_dir() / "ray_results"),
+            storage_path=str(tune_results_dir()),  # in the state folder, not ~/ray_results
             failure_config=tune.FailureConfig(max_failures=sweep.retries),
             callbacks=[progress, ClusterWatch()],
             stop=StopOnRequest(interrupts),
@@ -247,7 +299,8 @@ def execute(
         console.print("interrupted: stopping trials (they resume from their checkpoints next time)")
     except Exception as err:
         lost = _cluster_lost(err)
-        if lost is None:
+        # A store lost with its state folder takes Ray's session folder too: StoreLost says it.
+        if lost is None and progress.store_lost is None:
             check_writable(state_dir())  # a full or vanished disk is the cause Tune cannot name
             raise
     finally:
@@ -260,7 +313,7 @@ def execute(
         raise StoreLost(progress.store_lost)
     if lost is not None and started_ray:
         reap_embedded()  # its orphaned trials must stop before their runs are settled
-    outcome = _settle(client, experiment_id, sweep, trials, skipped, console)
+    outcome = _settle(client, experiment_id, sweep, trials, skipped, console, headline, started)
     outcome.lost_cluster = lost
     return outcome
 
@@ -274,8 +327,12 @@ def _cluster_lost(err: BaseException | None) -> str | None:
     return None
 
 
-def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutcome:
-    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable).
+def _settle(
+    client, experiment_id, sweep, trials, skipped, console, headline=(), started=None
+) -> SweepOutcome:
+    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable);
+    with the results (``headline``: the metrics the headline metric is the mean of) and
+    failures of the runs read, and the wall time since ``started`` (``time.monotonic``).
 
     A trial not FINISHED in the snapshot is re-read under its claim: another invocation may be
     finishing it right now, and its state must never be overwritten from a stale snapshot.
@@ -286,13 +343,16 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
     by_hash = runs_by_hash(client, experiment_id)
     finished = failed = interrupted = elsewhere = config_errors = 0
     hashes = list(by_hash) if sweep.search is not None else [t.trial_hash for t in trials]
+    read = []  # each trial's runs as last read
     for h in hashes:
         statuses = {r.info.status for r in by_hash.get(h, [])}
         if "FINISHED" in statuses:
             finished += 1
+            read += [r for r in by_hash[h] if r.info.status == "FINISHED"]  # not a past failure
             continue
         with Claim(h, wait=0, holder=experiment_id) as ours:
             runs = find_trial_runs(client, experiment_id, h) if ours else by_hash.get(h, [])
+            read += runs
             statuses = {r.info.status for r in runs}
             if "FINISHED" in statuses:
                 finished += 1
@@ -309,7 +369,7 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
                             lambda r=r: client.set_terminated(r.info.run_id, status="KILLED")
                         )
                 interrupted += 1
-    return SweepOutcome(
+    outcome = SweepOutcome(
         finished - skipped,
         failed,
         skipped,
@@ -318,6 +378,18 @@ def _settle(client, experiment_id, sweep, trials, skipped, console) -> SweepOutc
         best=_best(client, experiment_id, sweep),
         config_errors=config_errors,
     )
+    return _concluded(outcome, read, list(headline), started)
+
+
+def _concluded(outcome: SweepOutcome, runs: list, headline: list[str], started) -> SweepOutcome:
+    """``outcome`` with what the summary shows besides counts, from the trials' ``runs``."""
+    from pdmask.orchestration.summary import failures, results_by_setting
+
+    outcome.headline = headline
+    outcome.results = results_by_setting(runs, headline) if headline else []
+    outcome.failures = failures(runs)
+    outcome.wall_s = None if started is None else time.monotonic() - started
+    return outcome
 
 
 def _search_space(sweep: Sweep, client, experiment_id: str):
@@ -375,6 +447,13 @@ def _best(client, experiment_id: str, sweep: Sweep) -> dict[str, Any] | None:
 
 
 def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> None:
+    """Counts and wall time; each setting's final headline metric, mean ± sd over its seeds;
+    one line per failed trial with its reason; the best trial of a search."""
+    from rich.markup import escape
+
+    from pdmask.orchestration.progress_view import HEADLINE_LABEL, duration
+    from pdmask.orchestration.summary import format_mean_sd
+
     rows = [
         ["finished now", out.finished],
         ["already finished (skipped)", out.skipped],
@@ -383,7 +462,15 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
         ["interrupted (resume: run again)", out.interrupted],
         ["running in another invocation", out.elsewhere],
     ]
-    console.print(table(f"sweep {sweep.name}: summary", ["", "trials"], rows))
+    wall = "" if out.wall_s is None else f", wall time {duration(out.wall_s)}"
+    console.print(table(f"sweep {sweep.name}: summary{wall}", ["", "trials"], rows))
+    if out.results:
+        body = [[r["setting"], r["n"], format_mean_sd(r["mean"], r["sd"])] for r in out.results]
+        title = f"final {HEADLINE_LABEL} per setting, mean ± sd over seeds"
+        console.print(table(title, ["setting", "n", "mean ± sd"], body))
+        console.print(f"{HEADLINE_LABEL}: the mean of {', '.join(out.headline)} at the last step")
+    for f in out.failures:
+        console.print(f"[red]failed[/red] {escape(f['name'])}: {escape(f['reason'])}")
     if out.best:
         console.print(
             f"best trial: {out.best['run_name']} ({sweep.search.metric} = {out.best['value']:.4f}, "

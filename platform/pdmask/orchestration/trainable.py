@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import traceback
 from functools import partial
 from typing import Any
 
-from pdmask.errors import ConfigError, environment_error
+from pdmask.errors import ConfigError, RecipeError, environment_error
+from pdmask.orchestration.trial_logs import captured, header, log_path, upload
 from pdmask.registry import Trial
 from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
 
@@ -80,7 +82,7 @@ def run_trial(config: dict[str, Any]) -> None:
     quiet_storage_logs()  # this worker's checkpoint syncs, like the driver's (storage.py)
 
     from pdmask.tracking import TrialRun, open_client
-    from pdmask.tracking.store import redact, resolve_tracking_uri
+    from pdmask.tracking.store import resolve_tracking_uri
 
     trial = trial_from_config(config)
     base = {"pdm_trial_hash": trial.trial_hash, "pdm_total_steps": 0}
@@ -100,41 +102,60 @@ def run_trial(config: dict[str, Any]) -> None:
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
             return
-        if waited_for:
-            run.note(f"waited for sweep {waited_for}, which trained the same trial first")
-        stalls = _stalls(client, run.run_id) if run.resumed else 0
-        if stalls > STALL_RETRIES:
-            reason = f"stalled {stalls} times (each attempt's reason is in pdm.failures): not retried again"
-            run.fail(reason, final=True, kind="stall")
-            tune.report({**base, "pdm_outcome": "stalled", "pdm_error": reason})
-            return
+        log = log_path(trial.sweep, trial.run_name())
+        first = header(trial.run_name(), trial.trial_hash, run.run_id, run.attempt)
         try:
-            final = _train(config, trial, run, base, redact(uri))
-        except ConfigError as err:  # never retried: the same input fails the same way
-            run.fail(f"configuration error: {err}", final=True, kind="config")
-            tune.report({**base, "pdm_outcome": "config-error", "pdm_error": str(err)[:500]})
-            return
-        except (KeyboardInterrupt, SystemExit):
-            # Tune stopping the trial (it raises SystemExit inside tune.report): the trial is
-            # resumable, not failed.
-            run.interrupted()
-            raise
-        except BaseException as err:
-            reason = f"{type(err).__name__}: {err}".strip()
-            try:
-                run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:])
-            except Exception as unrecorded:
-                line = environment_error(unrecorded)
-                if line is None:
-                    raise
-                # Every retry would crash on the same store: the driver ends the sweep instead.
-                line = f"tracking store {redact(uri)}: {line}"  # as open_client says it
-                tune.report({**base, "pdm_outcome": "store-unwritable", "pdm_error": line})
-                return
-            raise
-        tune.report(final)  # after the run is FINISHED: a stop arriving now cannot touch it
+            with captured(log, first):
+                report = _attempt(config, trial, run, base, uri, waited_for)
+        finally:  # finished or failed, the attempt's log goes with its run
+            upload(client, run.run_id, log)
+        tune.report(report)  # after the run is FINISHED: a stop arriving now cannot touch it
     finally:
         claim.release()
+
+
+def _attempt(
+    config: dict[str, Any], trial: Trial, run, base: dict[str, Any], uri: str, waited_for
+) -> dict[str, Any]:
+    """One attempt at the trial's open ``run``: its final report to Tune. A crash is recorded on
+    the run and re-raised (Tune retries it)."""
+    from pdmask.tracking.store import redact
+
+    if waited_for:
+        run.note(f"waited for sweep {waited_for}, which trained the same trial first")
+    stalls = _stalls(run.client, run.run_id) if run.resumed else 0
+    if stalls > STALL_RETRIES:
+        reason = (
+            f"stalled {stalls} times (each attempt's reason is in pdm.failures): not retried again"
+        )
+        run.fail(reason, final=True, kind="stall")
+        return {**base, "pdm_outcome": "stalled", "pdm_error": reason}
+    try:
+        return _train(config, trial, run, base, redact(uri))
+    except ConfigError as err:  # never retried: the same input fails the same way
+        # A bug in the recipe's file is the recipe's, not the sweep's configuration.
+        label = "recipe error" if isinstance(err, RecipeError) else "configuration error"
+        print(f"{label}: {err}", file=sys.stderr)  # the trial's log says it too
+        run.fail(f"{label}: {err}", final=True, kind="config")
+        return {**base, "pdm_outcome": "config-error", "pdm_error": str(err)[:500]}
+    except (KeyboardInterrupt, SystemExit):
+        # Tune stopping the trial (it raises SystemExit inside tune.report): the trial is
+        # resumable, not failed.
+        run.interrupted()
+        raise
+    except BaseException as err:
+        reason = f"{type(err).__name__}: {err}".strip()
+        traceback.print_exception(err)  # into the trial's log (Ray's own copy is unnamed)
+        try:
+            run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:])
+        except Exception as unrecorded:
+            line = environment_error(unrecorded)
+            if line is None:
+                raise
+            # Every retry would crash on the same store: the driver ends the sweep instead.
+            line = f"tracking store {redact(uri)}: {line}"  # as open_client says it
+            return {**base, "pdm_outcome": "store-unwritable", "pdm_error": line}
+        raise
 
 
 WAIT_POLL_S = 2.0  # how often a trial waiting for another sweep's claim looks again
@@ -209,7 +230,8 @@ def _train(
 
         backend = partial(busy_trial, seconds=calibration)
     bounds = Bounds(**config["watchdog"]) if config.get("watchdog") else None
-    dog = Watchdog(bounds, partial(_end_stalled, run)).start() if bounds else None
+    log = log_path(trial.sweep, trial.run_name())
+    dog = Watchdog(bounds, partial(_end_stalled, run, log)).start() if bounds else None
     try:
         summary = backend(
             trial, recipe, reporter=reporter, workdir=workdir, should_stop=lambda: False
@@ -230,10 +252,11 @@ def _stalls(client, run_id: str) -> int:
     return int(with_retry(lambda: client.get_run(run_id)).data.tags.get(STALLS_TAG, "0"))
 
 
-def _end_stalled(run, reason: str) -> None:
+def _end_stalled(run, log, reason: str) -> None:
     """The watchdog's fault action in a Tune trial: the run FAILED with the reason (kind
-    ``stall``, counted in ``pdm.stalls``), then this worker process ends; Tune sees a crashed
-    trial and retries it (``STALL_RETRIES``)."""
+    ``stall``, counted in ``pdm.stalls``), its log (``log``, which holds the reason: stderr goes
+    there) uploaded, then this worker process ends; Tune sees a crashed trial and retries it
+    (``STALL_RETRIES``)."""
     from pdmask.tracking.runs import with_retry
 
     def record(why: str) -> None:
@@ -241,5 +264,6 @@ def _end_stalled(run, reason: str) -> None:
         with_retry(lambda: run.client.set_tag(run.run_id, STALLS_TAG, str(stalls)))
         with_retry(lambda: run.client.set_tag(run.run_id, WATCHDOG_TAG, why))
         run.fail(why, final=True, kind="stall")
+        upload(run.client, run.run_id, log)  # the process ends before its attempt's own upload
 
     end_process(reason, record)

@@ -140,9 +140,7 @@ class TrialRun:
             params = _flat({k: v for k, v in trial.identity().items() if k != "params"})
             params.update(_flat(trial.params, "params."))
             with_retry(
-                lambda: client.log_batch(
-                    run_id, params=[Param(k, v) for k, v in params.items()]
-                )
+                lambda: client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
             )
         with_retry(lambda: client.log_dict(run_id, trial.model_dump(mode="json"), "trial.json"))
         # The recipe's code as it trained this run (its hash is the tag pdm.recipe_hash).

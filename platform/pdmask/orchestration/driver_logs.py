@@ -1,0 +1,113 @@
+"""The libraries' log lines of a sweep's driver go to ``<logs>/<sweep>/driver.log``, not its console.
+
+MLflow (and the alembic and SQLAlchemy layers under its store), Optuna and Ray/Tune each give
+their root logger a handler to stderr at import; their INFO lines ("Started a local Ray
+instance", Optuna's "A new study created", store migrations) would break into the progress
+display. While a sweep runs those handlers are swapped for one file in the sweep's logs folder
+(``paths.logs_dir()``; the trials' own logs sit next to it as ``<run name>.log``), and put back
+after. ``PDM_DEBUG=1`` keeps them on the console as well.
+
+Writing the file can fail (a full disk, a state folder deleted mid-sweep): such a record is
+dropped, never reported with a traceback on the console, which says the cause once itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# The libraries' loggers that carry their own console handler (the children propagate to them).
+NOISY_LOGGERS = (
+    "mlflow",
+    "alembic",
+    "sqlalchemy",
+    "sqlalchemy.engine",
+    "huey",
+    "optuna",
+    "ray",
+    "ray.data",
+)
+DRIVER_LOG = "driver.log"
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _QuietFileHandler(logging.FileHandler):
+    """A file handler that drops what it cannot write instead of printing a traceback."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(OSError):  # with ``delay``, the file opens outside logging's
+            super().emit(record)  # own error handling
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 (logging's name)
+        pass
+
+    def close(self) -> None:
+        # closing flushes: on a full disk that fails, and must not hide the sweep's own error
+        with contextlib.suppress(OSError):
+            super().close()
+
+
+def driver_log(sweep: str) -> Path:
+    from pdmask.paths import logs_dir
+
+    return logs_dir() / sweep / DRIVER_LOG
+
+
+class _Routing:
+    def __init__(self, path: Path | None, handler: logging.Handler):
+        self.path, self.handler = path, handler
+        self.saved = {n: (list(logging.getLogger(n).handlers), logging.getLogger(n).propagate)
+                      for n in NOISY_LOGGERS}  # fmt: skip
+
+    def apply(self) -> None:
+        keep_console = bool(os.environ.get("PDM_DEBUG"))
+        for name in NOISY_LOGGERS:
+            logger = logging.getLogger(name)
+            kept = [h for h in logger.handlers if keep_console and h is not self.handler]
+            logger.handlers, logger.propagate = [*kept, self.handler], False
+
+    def undo(self) -> None:
+        for name, (handlers, propagate) in self.saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers, logger.propagate = handlers, propagate
+        self.handler.close()
+
+
+_active: list[_Routing] = []  # the routing of the sweep running in this process
+
+
+def reroute() -> None:
+    """Route again the loggers a library imported meanwhile gave a console handler (importing
+    Ray or Optuna configures theirs)."""
+    if _active:
+        _active[0].apply()
+
+
+@contextmanager
+def routed(sweep: str) -> Iterator[Path | None]:
+    """While inside: the noisy loggers write to the sweep's driver log (its path; None when it
+    cannot be made, and the lines are dropped). A nested call routes again, in the outer file."""
+    if _active:
+        _active[0].apply()
+        yield _active[0].path
+        return
+    path: Path | None = None
+    try:
+        path = driver_log(sweep)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handler: logging.Handler = _QuietFileHandler(path, delay=True)
+    except OSError:  # an unusable state folder: reported by what needs it, not here
+        path, handler = None, logging.NullHandler()
+    handler.setFormatter(logging.Formatter(FORMAT))
+    routing = _Routing(path, handler)
+    routing.apply()
+    _active.append(routing)
+    try:
+        yield path
+    finally:
+        _active.clear()
+        routing.undo()

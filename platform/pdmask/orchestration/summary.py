@@ -1,0 +1,75 @@
+"""The end of a sweep in numbers: each setting's final headline metric over its seeds, and why
+each failed trial failed. Pure: read from the runs ``runner._settle`` already holds.
+
+A run's final value is the mean of the backend's evaluation metrics (``eval_metrics``: one per
+dataset) at its last logged step, as the figures plot it. Runs are grouped by method and by
+every other axis of the trial (model, precision, delta) that differs between them; the seeds
+of a group are its samples: mean ± sample standard deviation (none for a single seed).
+"""
+
+from __future__ import annotations
+
+from statistics import mean, stdev
+from typing import Any
+
+# The trial axes a result row is told apart by, as the run tags name them (Trial.tags()).
+AXES = ("pdm.method", "pdm.model", "pdm.precision", "pdm.delta")
+FAILURE_REASON_TAG = "pdm.failure_reason"
+
+
+def final_value(run, metrics: list[str]) -> float | None:
+    values = [run.data.metrics[m] for m in metrics if m in run.data.metrics]
+    return mean(values) if values else None
+
+
+def mean_sd(values: list[float]) -> tuple[float, float | None]:
+    return mean(values), (stdev(values) if len(values) > 1 else None)
+
+
+def format_mean_sd(mean_: float, sd: float | None) -> str:
+    return f"{mean_:.3f}" if sd is None else f"{mean_:.3f} ± {sd:.3f}"
+
+
+def results_by_setting(runs: list, metrics: list[str]) -> list[dict[str, Any]]:
+    """One row per setting of the FINISHED ``runs``: ``setting`` (its method, then the other
+    axes that vary), ``n`` (seeds with a value), ``mean``, ``sd`` (None for one seed)."""
+    groups: dict[tuple, list[float]] = {}
+    for run in runs:
+        value = final_value(run, metrics) if run.info.status == "FINISHED" else None
+        if value is not None:
+            key = tuple(run.data.tags.get(axis, "") for axis in AXES)
+            groups.setdefault(key, []).append(value)
+    varying = [i for i in range(1, len(AXES)) if len({k[i] for k in groups}) > 1]
+    rows = []
+    for key, values in groups.items():
+        m, sd = mean_sd(values)
+        setting = " ".join([key[0], *(_axis_text(AXES[i], key[i]) for i in varying)])
+        rows.append({"setting": setting, "n": len(values), "mean": m, "sd": sd})
+    return sorted(rows, key=lambda r: r["setting"])
+
+
+def _axis_text(axis: str, value: str) -> str:
+    if axis != "pdm.delta":
+        return value
+    try:  # a search samples deltas: 0.0884066, not 0.08840661465267692
+        return f"δ={float(value):g}"
+    except ValueError:
+        return f"δ={value}"
+
+
+def failures(runs: list) -> list[dict[str, str]]:
+    """``name`` and ``reason`` (its first line) of each FAILED run."""
+    from pdmask.tracking.runs import attempt_failure
+
+    out = []
+    for run in runs:
+        if run.info.status != "FAILED":
+            continue
+        reason = (run.data.tags.get(FAILURE_REASON_TAG) or "").strip().splitlines()[:1]
+        out.append(
+            {
+                "name": run.data.tags.get("mlflow.runName") or run.info.run_id,
+                "reason": reason[0] if reason else attempt_failure(run) or "no reason recorded",
+            }
+        )
+    return out
