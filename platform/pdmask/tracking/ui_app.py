@@ -11,7 +11,14 @@ every UI route (``index.html``) is therefore given a script, before MLflow's bun
 - gives each pdm sweep's runs table its columns (method, model, precision, delta, seed and the
   headline metric) the first time the browser opens that experiment; later choices are the
   user's, kept by MLflow as before (and keeps MLflow's LLM assistant from opening itself on a
-  first visit: no model serves it here).
+  first visit: no model serves it here);
+- puts the headline metric's chart section first on a run page's "Model metrics" tab. MLflow sorts
+  the sections by name (``actor/...`` before ``val-core/...``) unless the page's saved chart state
+  says the user reordered them; a run page that has no saved state yet reads one that holds only
+  the headline sections, reordered, and MLflow files every other chart after them as usual (its
+  ``updateChartAndSectionConfigs``). The run's id is in the storage key, so the browser's
+  ``localStorage.getItem`` answers for the keys it has never stored instead of the script writing
+  one entry per run.
 
 Nothing else of MLflow's server changes: the app is MLflow's FastAPI app under one ASGI
 middleware, started by ``mlflow server --app-name pdm-training`` (the ``mlflow.app`` entry point
@@ -34,6 +41,8 @@ TRAINING_WORKFLOW = "machine_learning"
 # MLflow's LLM assistant opens itself on a browser's first visit; nothing here serves it.
 ASSISTANT_OPENED_KEY = "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1"
 PAGE_STATE_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{}-ReactComponentState"
+# A run page's "Model metrics" charts: MLflowLocalStorage-1.1-RunPage-<run id>-model-chartUIState.
+RUN_CHARTS_KEY = r"^MLflowLocalStorage-1\.1-RunPage-[0-9a-f]+-model-chartUIState$"
 # The runs table's columns of a sweep, in order; the headline metric is appended per experiment.
 RUN_COLUMNS = ("pdm.method", "pdm.model", "pdm.precision", "pdm.delta", "pdm.seed")
 _NO_CONDITIONAL = {b"if-none-match", b"if-modified-since"}  # the page is rewritten: never a 304
@@ -58,6 +67,39 @@ def training_columns(client) -> dict[str, list[str]]:
     return out
 
 
+def headline_sections(columns: dict[str, list[str]]) -> list[str]:
+    """The chart sections (a metric's name up to its last ``/``) of the headline metrics among
+    the experiments' columns, in order: the sections a run page shows first."""
+    metrics = [c for cs in columns.values() for c in cs if c.startswith("metrics.")]
+    names = [m.removeprefix("metrics.`").removesuffix("`") for m in metrics]
+    return list(dict.fromkeys(n.rsplit("/", 1)[0] for n in names if "/" in n))
+
+
+def run_charts_state(sections: list[str]) -> dict:
+    """A run page's saved chart state holding only ``sections``, marked as the user's order."""
+    return {
+        "isAccordionReordered": True,
+        "compareRunCharts": [],
+        "compareRunSections": [
+            {
+                "uuid": f"pdm-section-{i}",
+                "name": name,
+                "display": True,
+                "isReordered": False,
+                "deleted": False,
+                "isGenerated": True,
+            }
+            for i, name in enumerate(sections)
+        ],
+        "autoRefreshEnabled": True,
+        "globalLineChartConfig": {
+            "xAxisKey": "step",
+            "lineSmoothness": 0,
+            "selectedXAxisMetricKey": "",
+        },
+    }
+
+
 def page_script(columns: dict[str, list[str]]) -> bytes:
     """The script put first into the UI's page (see the module docstring)."""
     defaults: dict = {
@@ -69,8 +111,17 @@ def page_script(columns: dict[str, list[str]]) -> bytes:
         f"s.setItem({json.dumps(WORKFLOW_KEY)},{json.dumps(json.dumps(TRAINING_WORKFLOW))});"
         f"var d={json.dumps(defaults)};"
         "for(var k in d){if(s.getItem(k)===null){s.setItem(k,JSON.stringify(d[k]));}}"
-        "}catch(e){}})();"
     )
+    sections = headline_sections(columns)
+    if sections:
+        body += (
+            f"var r=new RegExp({json.dumps(RUN_CHARTS_KEY)}),"
+            f"c={json.dumps(json.dumps(run_charts_state(sections)))},"
+            "g=Storage.prototype.getItem;"
+            "Storage.prototype.getItem=function(k){var v=g.call(this,k);"
+            "return v===null&&r.test(k)?c:v;};"
+        )
+    body += "}catch(e){}})();"
     return f"<script>{body}</script>".encode()
 
 
