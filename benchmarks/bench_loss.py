@@ -7,7 +7,11 @@ Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the log
      ``compute_policy_loss_vanilla`` (clipped PPO), as a verl actor computes them;
   b) pdm-agg: ``pdmask.trust_region.policy_loss`` (top-20 stats, mask, loss, diagnostics);
   c) fused log-prob + clip: pdmask's chunked log-prob pass without top-K (what b) costs without the
-     trust-region statistics), to separate the statistics' cost from the log-prob kernel's.
+     trust-region statistics), to separate the statistics' cost from the log-prob kernel's;
+  d) ent-bonus: pdm-agg plus an exact entropy bonus (the recipe needs ``entropy``: the same chunked
+     pass computes H(pi) and its gradient), for the cost of a differentiable entropy;
+  e) support-kl: pdm-agg's mask with an exact top-K KL built from the differentiable support
+     log-probs and tail mass (``needs: support_log_probs``), for the cost of that input.
 
 Each path runs in its own subprocess so that its peak resident memory (``ru_maxrss``) is its own.
 "Extra memory" is the peak above the logits and their gradient (which every path must hold), as a
@@ -76,6 +80,34 @@ def make_path(path: str):
             ).loss
 
         return run
+    if path == "ent-bonus":
+        ent_bonus = method("ent-bonus", delta=0.15)
+
+        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+            return policy_loss(
+                ent_bonus, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
+            ).loss
+
+        return run
+    if path == "support-kl":
+        from dataclasses import replace
+
+        agg = method("pdm-agg", delta=0.15)
+
+        def support_kl(batch):  # a KL penalty over S + tail on every token, differentiable
+            sup = batch.support
+            kl = (sup.mu_log_prob.exp() * (sup.mu_log_prob - sup.log_prob)).where(sup.valid, 0.0)
+            tail = sup.mu_tail_mass * (sup.mu_tail_mass.log() - sup.tail_mass.log())
+            return -batch.ratio * batch.advantages + 0.1 * (kl.sum(-1) + tail)
+
+        needy = replace(agg, loss=support_kl, needs=frozenset({"support_log_probs"}))
+
+        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+            return policy_loss(
+                needy, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
+            ).loss
+
+        return run
     if path == "fused-logprob":
         grpo = method("grpo-clip-higher")
 
@@ -126,7 +158,7 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151_936, help="logits width (Qwen3: 151,936)")
     parser.add_argument("--topk", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--paths", default="verl,pdm-agg,fused-logprob")
+    parser.add_argument("--paths", default="verl,pdm-agg,fused-logprob,ent-bonus,support-kl")
     parser.add_argument(
         "--threads",
         type=int,
@@ -191,6 +223,12 @@ def main() -> None:
         )
     if "fused-logprob" in med and "pdm-agg" in med:
         print(f"ratio pdm-agg / fused log-prob+clip : {med['pdm-agg'] / med['fused-logprob']:.3f}")
+    for extra_path in ("ent-bonus", "support-kl"):
+        if extra_path in med and "pdm-agg" in med:
+            print(
+                f"ratio {extra_path} / pdm-agg{' ' * (17 - len(extra_path))}: "
+                f"{med[extra_path] / med['pdm-agg']:.3f}  (target <= 1.10)"
+            )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""k3-penalty, asym-pdm and seq-tv (issue 24's probe methods, shipped): mask, loss and gradient
+"""k3-penalty, asym-pdm, seq-tv and ent-bonus (issue 24's probe methods, shipped): mask, loss and gradient
 equal brute-force float64 references written from their docstrings' formulas, token by token
 from the full distributions (not from pdmask's statistics).
 
@@ -97,6 +97,7 @@ def test_the_probe_methods_ship_as_recipes():
     recipes = project_recipes()
     assert recipes["k3-penalty"].loss_sees_mask and not recipes["k3-penalty"].uses_delta
     assert recipes["asym-pdm"].uses_delta and recipes["seq-tv"].uses_delta
+    assert recipes["ent-bonus"].loss_sees_mask and "entropy" in recipes["ent-bonus"].needs
 
 
 @pytest.mark.parametrize("beta", [0.1, 2.0])
@@ -186,3 +187,53 @@ def test_seq_tv_masks_whole_responses_as_the_reference():
     _check(res, grad, ref)
     for i in range(b):  # whole responses
         assert len(set(res.mask[i][valid[i]].tolist())) == 1
+
+
+def _entropy(row: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(row, -1)
+    return -(logp.exp() * logp).sum()
+
+
+@pytest.mark.parametrize("beta", [0.05, 1.0])
+def test_ent_bonus_is_minus_beta_grad_entropy_on_the_tokens_pdm_agg_masks(beta):
+    case = _case(seed=3)
+    logits, sampled, ids, _, mu_k, adv, valid, mu_full = case
+    delta = 0.1
+    margins, masked_entropy = [], []
+    z = logits.clone().requires_grad_(True)
+    b, t = valid.shape
+    ref_mask = torch.zeros(b, t, dtype=torch.bool)
+    total = torch.zeros((), dtype=torch.float64)
+    for i in range(b):
+        for j in range(t):
+            if not valid[i, j]:
+                continue
+            logp, kl, _, ddot = _token_values(z, sampled, ids, mu_full, i, j)
+            a = float(adv[i, j])
+            margins.extend([abs(kl - delta), abs(ddot)])
+            masked = kl > delta and a * ddot > 0
+            ref_mask[i, j] = masked
+            if masked:
+                entropy = _entropy(z[i, j])
+                masked_entropy.append(float(entropy))
+                total = total - beta * entropy
+            else:
+                total = total - torch.exp(logp - mu_k[i, j]) * a
+    n_valid = int(valid.sum())
+    total = total / n_valid
+    total.backward()
+    res, grad = _run("ent-bonus", case, delta=delta, beta=beta)
+    assert min(margins) > 1e-9
+    _check(res, grad, (total.detach(), z.grad, ref_mask))
+    # Token by token: a masked token's logits move along -beta grad H, nothing else.
+    for i, j in ref_mask.nonzero().tolist():
+        row = logits[i, j].clone().requires_grad_(True)
+        (grad_h,) = torch.autograd.grad(_entropy(row), row)
+        torch.testing.assert_close(grad[i, j], -beta * grad_h / n_valid, rtol=1e-10, atol=1e-15)
+    assert res.metrics["recipe/masked_entropy"] == pytest.approx(
+        sum(masked_entropy) / len(masked_entropy), rel=1e-10
+    )
+    # pdm-agg's mask exactly; a recipe's batch.stats stays detached.
+    agg, _ = _run("pdm-agg", case, delta=delta)
+    assert torch.equal(agg.mask, res.mask)
+    assert not res.stats.logp.requires_grad and not res.stats.entropy.requires_grad

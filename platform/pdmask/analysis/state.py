@@ -107,7 +107,7 @@ def analysed_minibatches(
         if position == count - 1:
             break  # nothing trains after the last minibatch
         with torch.no_grad():
-            stats = setup.stats(setup.logits(index), index)
+            stats = setup.stats(setup.logits(index), index, mask_fn.needs)
         out = apply_method(
             mask_fn, stats, setup.advantages[index], setup.valid[index], backend=SIM.name
         )

@@ -54,7 +54,7 @@ SIM = BackendSpec(
     name="sim",
     summary="the embedded CPU trainer: real GRPO on a small transformer, any machine",
     runtime="pdmask.backends.sim.backend:BACKEND",
-    supplies=frozenset({"behaviour_topk", "behaviour_full"}),
+    supplies=frozenset({"behaviour_topk", "behaviour_full", "entropy", "support_log_probs"}),
     # Its behaviour copy is the rollout engine itself: there is no separate old-policy forward.
     mu_sources=("rollout",),
     launch=Launch.TUNE,

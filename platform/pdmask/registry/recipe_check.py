@@ -8,7 +8,8 @@ A recipe's mask and loss are code; the registry's field checks cannot tell that 
 - ``sim``: the embedded trainer's frame; padding holds real (meaningless) statistics; float32 and
   float64 (the math keeps float64 in float64);
 - ``verl``: verl's padded response frame; padding is zero-filled; log-probs come from a separate
-  leaf, as verl's do; float32.
+  leaf, as verl's do; float32 (skipped for a recipe that needs an input verl cannot supply: the
+  plan refuses it there).
 
 Each batch has responses of different lengths (one of a single token) and advantages of both
 signs, and is checked under every precision setting (``batch.precision``: a branch that runs only
@@ -29,6 +30,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from pdmask.errors import Problem, RecipeError
+from pdmask.registry.backends import BACKENDS
 from pdmask.registry.catalog import PRECISIONS
 from pdmask.registry.recipes import Recipe
 
@@ -48,7 +50,9 @@ class _Synthetic:
     leaf: Any  # what the gradient must reach
 
 
-def synthetic_batch(layout: str, dtype_name: str, seed: int = 0) -> _Synthetic:
+def synthetic_batch(
+    layout: str, dtype_name: str, seed: int = 0, inputs: Iterable[str] = ()
+) -> _Synthetic:
     """A small batch of ``len(_LENGTHS)`` responses in a backend's layout (see the docstring);
     a fresh one per check, so that a recipe that writes into its inputs harms no other check."""
     import torch
@@ -66,7 +70,9 @@ def synthetic_batch(layout: str, dtype_name: str, seed: int = 0) -> _Synthetic:
     mu_k = mu_logp.gather(-1, sampled[..., None]).squeeze(-1)
     advantages = torch.where(valid, torch.tensor(_ADVANTAGES, dtype=dtype)[:, None], 0.0)
     leaf = logits.clone().requires_grad_(True)
-    stats = compute_token_stats(leaf, sampled, top_ids, top_lp.to(dtype), mu_k.to(dtype))
+    stats = compute_token_stats(
+        leaf, sampled, top_ids, top_lp.to(dtype), mu_k.to(dtype), inputs=tuple(inputs)
+    )
     if layout == "sim":
         return _Synthetic(stats, advantages, valid, None, None, leaf)
     # verl: every statistic zero on padding (no_padding_2_padding), log-probs its own leaf.
@@ -107,6 +113,8 @@ def check_recipe(recipe: Recipe, params: Mapping[str, Any] | None = None) -> lis
 def _check(recipe: Recipe, params: Mapping[str, Any]) -> list[Problem]:
     method = recipe.method(params)
     for layout, dtype_name in LAYOUTS:
+        if not set(recipe.needs) <= BACKENDS[layout].supplies:
+            continue  # that backend refuses the recipe at plan time
         for precision in PRECISIONS:
             problem = _check_one(recipe, method, layout, dtype_name, precision)
             if problem is not None:
@@ -117,7 +125,7 @@ def _check(recipe: Recipe, params: Mapping[str, Any]) -> list[Problem]:
 def _apply(method, layout: str, dtype_name: str, precision: str):
     from pdmask.trust_region import apply_method
 
-    data = synthetic_batch(layout, dtype_name)
+    data = synthetic_batch(layout, dtype_name, inputs=method.needs)
     out = apply_method(
         method,
         data.stats,

@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # the math API (and torch) load only when a method runs
 KNOWN_INPUTS = {
     "behaviour_topk": "the behaviour policy's top-K ids and log-probs per response token",
     "behaviour_full": "the behaviour policy's full distribution (only the embedded backend has it)",
+    "entropy": "per-token entropy H(pi_t), differentiable (`batch.entropy`)",
+    "support_log_probs": "log pi over S = TopK(mu) + {y} and the tail's mass, differentiable "
+    "(`batch.support`)",
 }
 
 ParamRole = Literal["delta", "topk", "ratio_cap", "clip_low", "clip_high"]
@@ -406,6 +409,7 @@ class Recipe(BaseModel):
             params=params,
             ratio_cap=self.role_value("ratio_cap", params),
             loss_sees_mask=self.loss_sees_mask,
+            needs=frozenset(self.needs),
         )
 
     def _guarded(self, fn, kind: str):

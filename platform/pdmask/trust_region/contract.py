@@ -13,8 +13,10 @@ wraps it, with the recipe's resolved parameters, in a :class:`RecipeBatch`:
 - **Padding** holds finite values that mean nothing: whatever the backend computed there (the
   embedded trainer) or zeros (verl's padded frame). Use ``response_mask``; never assume padding
   has ``A = 0`` or any other value.
-- **Gradients.** Only ``log_prob`` carries one (to the policy's logits). ``stats`` is detached on
-  every backend: a loss built from ``stats.logp`` would train nothing.
+- **Gradients.** ``log_prob`` carries one (to the policy's logits), and so do ``entropy`` and
+  ``support`` when the recipe lists them in ``needs`` (``"entropy"``, ``"support_log_probs"``;
+  None otherwise). All three are exact, from the same chunked pass over the logits. ``stats`` is
+  detached on every backend: a loss built from ``stats.logp`` would train nothing.
 - **Read-only.** The tensors are the backend's own; a hook returns new tensors and never writes
   into these (no in-place ops on them).
 
@@ -35,7 +37,7 @@ from typing import Any
 
 import torch
 
-from pdmask.trust_region.stats import TokenStats
+from pdmask.trust_region.stats import SupportLogProbs, TokenStats
 
 RECIPE_METRIC_GROUP = "recipe/"
 """A recipe's own scalars (:meth:`RecipeBatch.report`) among the ``actor/pdm/`` diagnostics."""
@@ -71,6 +73,13 @@ class RecipeBatch:
     mask: torch.Tensor | None = None
     """``[B, T]`` bool, the recipe's mask (True = gradient zeroed), for a loss of a recipe that
     declares ``loss_sees_mask``; None for masks and for every other loss."""
+    entropy: torch.Tensor | None = None
+    """``[B, T]`` H(pi_t) = -sum_j pi_j log pi_j over the whole vocabulary, differentiable; set
+    when the recipe needs ``"entropy"``."""
+    support: SupportLogProbs | None = None
+    """pi and mu over the support ``S = TopK(mu) ∪ {y}`` (``[B, T, M]``) and the tail's mass
+    (``[B, T]``), ``log_prob`` and ``tail_mass`` differentiable; set when the recipe needs
+    ``"support_log_probs"``."""
     reported: dict[str, float] = field(default_factory=dict)
     """What the recipe's mask and loss reported on this micro-batch (:meth:`report`)."""
 

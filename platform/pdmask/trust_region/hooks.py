@@ -18,7 +18,7 @@ import torch
 
 from pdmask.trust_region.contract import RecipeBatch
 from pdmask.trust_region.loss import ratio_loss
-from pdmask.trust_region.stats import TokenStats
+from pdmask.trust_region.stats import ENTROPY, GRADIENT_INPUTS, SUPPORT_LOG_PROBS, TokenStats
 
 MaskHook = Callable[[RecipeBatch], torch.Tensor]
 """``fn(batch) -> bool [B, T]``, True = the token's gradient is zeroed."""
@@ -42,6 +42,9 @@ class Method:
     params: Mapping[str, Any] = field(default_factory=dict)
     ratio_cap: float | None = None
     loss_sees_mask: bool = False
+    needs: frozenset[str] = frozenset()
+    """The recipe's ``needs``: which differentiable inputs the statistics pass must compute
+    (``compute_token_stats(inputs=method.needs)``)."""
 
     def __post_init__(self):
         # Hooks get a read-only view: a recipe that edits its parameters would change the next
@@ -96,10 +99,14 @@ def apply_method(
     valid = response_mask.bool()
     logp = stats.logp if log_prob is None else log_prob
     mu = (stats.mu_logp if mu_log_prob is None else mu_log_prob).detach().to(logp.dtype)
-    if stats.logp.requires_grad:  # the statistics are detached on every backend
-        stats = replace(stats, logp=stats.logp.detach())
+    missing = sorted(n for n in method.needs if n in GRADIENT_INPUTS and _input(stats, n) is None)
+    if missing:
+        raise ValueError(
+            f"method {method.name!r} needs {missing}, which these statistics lack: compute them "
+            "with compute_token_stats(..., inputs=method.needs)"
+        )
     batch = RecipeBatch(
-        stats=stats,
+        stats=stats.detached(),  # the statistics are detached on every backend
         log_prob=logp,
         mu_log_prob=mu,
         advantages=advantages.detach().to(logp.dtype),
@@ -107,6 +114,8 @@ def apply_method(
         params=method.params,
         backend=backend,
         precision=precision,
+        entropy=stats.entropy if ENTROPY in method.needs else None,
+        support=stats.support if SUPPORT_LOG_PROBS in method.needs else None,
     )
     mask = torch.zeros_like(valid) if method.mask is None else method.mask(batch)
     _check(method, "mask", mask, batch)
@@ -121,6 +130,10 @@ def apply_method(
     _check(method, "loss", loss, batch)
     token_loss = torch.where(mask | ~valid, torch.zeros_like(loss), loss)
     return MethodOutput(mask, token_loss, batch)
+
+
+def _input(stats: TokenStats, name: str):
+    return stats.entropy if name == ENTROPY else stats.support
 
 
 def _check(method: Method, kind: str, value: Any, batch: RecipeBatch) -> None:

@@ -7,8 +7,16 @@ forward *and* keep them for the backward. Here rows are processed in chunks: the
 one ``[chunk, V]`` float32 buffer plus ``O(N * (K+1))``, and the backward recomputes each chunk's
 softmax, exactly as a fused cross-entropy kernel would.
 
-Only ``logp_sampled`` (the log-probability of the sampled token) carries a gradient; every other
-output is a detached statistic.
+``logp_sampled`` (the log-probability of the sampled token) always carries a gradient. On request
+(a recipe's ``needs``) two more outputs do, still without an ``[N, V]`` copy:
+
+- ``entropy=True``: ``H = -sum_j pi_j log pi_j`` per row, with ``dH/dz_j = -pi_j (log pi_j + H)``;
+- ``support_grad=True``: ``log pi`` at the support ids (``d log pi_s / dz = e_s - pi``) and the
+  tail's mass ``T = sum_{j not in S} pi_j`` (``dT/dz_j = pi_j (1[j not in S] - T)``).
+
+Every other output is a detached statistic. The backward adds all requested terms in one float32
+chunk buffer: a dense part ``pi_j (c - g_H z_j)`` (``c`` per row, from every output's upstream
+gradient; ``log pi_j = z_j - lse``) plus sparse corrections at the sampled and support ids.
 """
 
 from __future__ import annotations
@@ -50,15 +58,16 @@ class LogitsPass:
     """Per-token results of the chunked pass (flat: ``[N]`` or ``[N, M]``)."""
 
     logp_sampled: torch.Tensor  # [N] log pi(y), differentiable w.r.t. the logits
-    logp_support: torch.Tensor  # [N, M] log pi at the support ids (detached)
-    tail_mass: torch.Tensor  # [N] sum of pi over ids NOT in the support (exact, no cancellation)
+    logp_support: torch.Tensor  # [N, M] log pi at the support ids (detached unless support_grad)
+    tail_mass: torch.Tensor  # [N] sum of pi over ids NOT in the support (exact; as logp_support)
     tail_sum_sq: torch.Tensor  # [N] sum of pi**2 over the tail
     tail_sum_cube: torch.Tensor | None  # [N] sum of pi**3 over the tail (second order only)
+    entropy: torch.Tensor | None = None  # [N] H(pi), differentiable (entropy=True only)
 
 
 class _ChunkedLogitsPass(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, logits, sampled, support_ids, rows, second_order):
+    def forward(ctx, logits, sampled, support_ids, rows, second_order, entropy, support_grad):
         n = logits.shape[0]
         cdt = compute_dtype(logits.dtype)
         m = support_ids.shape[1]
@@ -67,6 +76,9 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         tail_mass = torch.empty(n, dtype=cdt, device=logits.device)
         tail_sq = torch.empty(n, dtype=cdt, device=logits.device)
         tail_cube = torch.empty(n, dtype=cdt, device=logits.device) if second_order else None
+        ent = torch.empty(n, dtype=cdt, device=logits.device) if entropy else None
+        # A second chunk buffer, allocated once (a fresh one per chunk costs its page faults).
+        scratch = logits.new_empty((min(rows, n), logits.shape[1]), dtype=cdt) if entropy else None
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             ids = support_ids[start:stop]
@@ -74,37 +86,95 @@ class _ChunkedLogitsPass(torch.autograd.Function):
             logp = torch.log_softmax(logits[start:stop], dim=-1, dtype=cdt)
             logp_support[start:stop] = logp.gather(1, ids)
             logp_sampled[start:stop] = logp.gather(1, sampled[start:stop, None]).squeeze(1)
-            probs = logp.exp_()
+            if entropy:  # log pi is still needed: exponentiate into a second chunk buffer
+                probs = torch.exp(logp, out=scratch[: stop - start])
+                ent[start:stop] = -torch.linalg.vecdot(probs, logp)
+            else:
+                probs = logp.exp_()
             # Zero the support in place: what is left is exactly the tail (no 1 - sum cancellation).
             probs.scatter_(1, ids, 0.0)
             tail_mass[start:stop] = probs.sum(dim=-1)
             tail_sq[start:stop] = torch.linalg.vector_norm(probs, 2, dim=-1).square()
             if second_order:
                 tail_cube[start:stop] = torch.linalg.vector_norm(probs, 3, dim=-1).pow(3)
-        ctx.save_for_backward(logits, sampled)
+        # log pi_j = z_j - lse: the backward needs lse for the entropy's gradient (from z_y, exact).
+        lse = None
+        if entropy:
+            lse = logits.gather(1, sampled[:, None]).squeeze(1).to(cdt) - logp_sampled
+        ctx.save_for_backward(logits, sampled, support_ids, tail_mass, ent, lse)
         ctx.rows = rows
-        detached = [t for t in (logp_support, tail_mass, tail_sq, tail_cube) if t is not None]
+        detached = [tail_sq] + ([tail_cube] if second_order else [])
+        if not support_grad:
+            detached += [logp_support, tail_mass]
         ctx.mark_non_differentiable(*detached)
-        return logp_sampled, logp_support, tail_mass, tail_sq, tail_cube
+        return logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, ent
 
     @staticmethod
-    def backward(ctx, grad_logp, *_unused):
-        logits, sampled = ctx.saved_tensors
-        if grad_logp is None:
-            return None, None, None, None, None
-        grad_logits = torch.empty_like(logits)
+    def backward(ctx, grad_logp, grad_support, grad_tail, _sq, _cube, grad_entropy):
+        logits, sampled, support_ids, tail_mass, ent, lse = ctx.saved_tensors
+        nothing = (None,) * 6
+        if grad_support is None and grad_tail is None and grad_entropy is None:
+            if grad_logp is None:
+                return (None, *nothing)
+            return (_sampled_only_backward(logits, sampled, grad_logp, ctx.rows), *nothing)
         cdt = compute_dtype(logits.dtype)
-        grad_logp = grad_logp.to(cdt)
-        for start in range(0, logits.shape[0], ctx.rows):
-            stop = min(start + ctx.rows, logits.shape[0])
-            # d log pi_k / d z = e_k - pi: recompute this chunk's softmax (one fused kernel), then
-            # write -g (pi - e_k) straight into the gradient's dtype.
-            probs = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
-            probs.scatter_add_(
-                1, sampled[start:stop, None], probs.new_full((stop - start, 1), -1.0)
-            )
-            torch.mul(probs, -grad_logp[start:stop, None], out=grad_logits[start:stop])
-        return grad_logits, None, None, None, None
+        n = logits.shape[0]
+        zeros = torch.zeros(n, dtype=cdt, device=logits.device)
+        g_y = zeros if grad_logp is None else grad_logp.to(cdt)
+        g_s = None if grad_support is None else grad_support.to(cdt)
+        g_t = None if grad_tail is None else grad_tail.to(cdt)
+        g_h = None if grad_entropy is None else grad_entropy.to(cdt)
+        # The dense coefficient per row: every output's -g pi_j part (see the module docstring).
+        c = -g_y
+        if g_s is not None:
+            c = c - g_s.sum(-1)
+        if g_t is not None:
+            c = c + g_t * (1 - tail_mass)
+        if g_h is not None:
+            # -g_H pi_j (log pi_j + H) = pi_j g_H (lse - H) - g_H pi_j z_j
+            c = c + g_h * (lse - ent)
+        grad_logits = torch.empty_like(logits)
+        scratch = None
+        if g_h is not None:
+            scratch = logits.new_empty((min(ctx.rows, n), logits.shape[1]), dtype=cdt)
+        for start in range(0, n, ctx.rows):
+            stop = min(start + ctx.rows, n)
+            ids = support_ids[start:stop]
+            if g_h is not None:
+                # pi_j (c - g_H z_j): a copy of the chunk's logits, not a second exp over it
+                probs = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
+                pi_s = probs.gather(1, ids)
+                grad = scratch[: stop - start].copy_(logits[start:stop])
+                grad.mul_(-g_h[start:stop, None]).add_(c[start:stop, None]).mul_(probs)
+            else:
+                grad = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
+                pi_s = grad.gather(1, ids)
+                grad.mul_(c[start:stop, None])
+            if g_t is not None:
+                # The tail's dT/dz_j has pi_j only off the support: take g_T pi_j back at each
+                # support id once (scatter_, not scatter_add_: duplicate ids write one value).
+                at_s = grad.gather(1, ids) - g_t[start:stop, None] * pi_s
+                grad.scatter_(1, ids, at_s)
+            grad.scatter_add_(1, sampled[start:stop, None], g_y[start:stop, None])
+            if g_s is not None:
+                grad.scatter_add_(1, ids, g_s[start:stop])
+            grad_logits[start:stop] = grad
+        return (grad_logits, *nothing)
+
+
+def _sampled_only_backward(logits, sampled, grad_logp, rows):
+    """The common case, kept to two sweeps per chunk: only log pi(y) received a gradient."""
+    grad_logits = torch.empty_like(logits)
+    cdt = compute_dtype(logits.dtype)
+    grad_logp = grad_logp.to(cdt)
+    for start in range(0, logits.shape[0], rows):
+        stop = min(start + rows, logits.shape[0])
+        # d log pi_k / d z = e_k - pi: recompute this chunk's softmax (one fused kernel), then
+        # write -g (pi - e_k) straight into the gradient's dtype.
+        probs = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
+        probs.scatter_add_(1, sampled[start:stop, None], probs.new_full((stop - start, 1), -1.0))
+        torch.mul(probs, -grad_logp[start:stop, None], out=grad_logits[start:stop])
+    return grad_logits
 
 
 def chunked_logits_pass(
@@ -114,12 +184,17 @@ def chunked_logits_pass(
     *,
     chunk_size: int | None = None,
     second_order: bool = False,
+    entropy: bool = False,
+    support_grad: bool = False,
 ) -> LogitsPass:
     """Run the pass on flat inputs: ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``.
 
     Every support id must be a real vocabulary id; duplicates are allowed (a duplicate of an id
-    already in the support zeroes nothing new), which is how invalid slots are neutralised.
+    already in the support zeroes nothing new), which is how invalid slots are neutralised; with
+    ``support_grad`` a duplicate slot's log-prob is differentiable like the first one's.
     """
     rows = rows_per_chunk(logits.shape[-1], chunk_size, logits.device)
-    out = _ChunkedLogitsPass.apply(logits, sampled, support_ids, rows, second_order)
+    out = _ChunkedLogitsPass.apply(
+        logits, sampled, support_ids, rows, second_order, entropy, support_grad
+    )
     return LogitsPass(*out)

@@ -50,6 +50,7 @@ def policy_loss(
         mu_topk_logprobs,
         mu_sampled_logprob,
         chunk_size=chunk_size,
+        inputs=method.needs,
     )
     valid = response_mask.bool()
     out = apply_method(method, stats, advantages, valid, backend=backend, precision=precision)

@@ -6,19 +6,50 @@ float64 logits) from the chunked logits pass plus ``O(N * (K+1))`` work on the s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from collections.abc import Collection
+from dataclasses import dataclass, fields, replace
 
 import torch
 
 from pdmask.trust_region.logits_pass import chunked_logits_pass, compute_dtype
 from pdmask.trust_region.support import SupportMode, build_support
 
+ENTROPY = "entropy"
+"""``Recipe.needs`` name: per-token entropy of pi, differentiable (``RecipeBatch.entropy``)."""
+SUPPORT_LOG_PROBS = "support_log_probs"
+"""``Recipe.needs`` name: log pi over ``S = TopK(mu) ∪ {y}`` and the tail's mass, differentiable
+(``RecipeBatch.support``)."""
+GRADIENT_INPUTS = (ENTROPY, SUPPORT_LOG_PROBS)
+"""The differentiable inputs the chunked logits pass computes on request (registry: KNOWN_INPUTS)."""
+
+
+@dataclass
+class SupportLogProbs:
+    """pi and mu over the support ``S`` (``[..., M]``, ``M = K + 1`` slots) and its tail.
+
+    ``log_prob`` and ``tail_mass`` carry a gradient to the logits (``d log pi_s/dz = e_s - pi``,
+    ``dT/dz_j = pi_j (1[j not in S] - T)``): a recipe can build an exact divergence over
+    ``S`` plus one tail bucket and differentiate it. Invalid slots (a missing top-K entry, the
+    sampled token when it is among the top-K) hold the sampled id and ``-inf`` log-probs.
+    """
+
+    ids: torch.Tensor  # [..., M] long vocabulary ids
+    valid: torch.Tensor  # [..., M] bool, True on the slots of S
+    log_prob: torch.Tensor  # [..., M] log pi at ids, -inf on invalid slots (differentiable)
+    mu_log_prob: torch.Tensor  # [..., M] log mu at ids, -inf on invalid slots
+    tail_mass: torch.Tensor  # [...] pi's mass outside S, exact (differentiable)
+    mu_tail_mass: torch.Tensor  # [...] mu's mass outside S
+
+    def detached(self) -> SupportLogProbs:
+        return replace(self, log_prob=self.log_prob.detach(), tail_mass=self.tail_mass.detach())
+
 
 @dataclass
 class TokenStats:
     """Per-token trust-region statistics, each shaped like ``sampled_ids``.
 
-    Only ``logp`` carries a gradient (to the logits); everything else is detached.
+    ``logp`` carries a gradient (to the logits), and so do ``entropy`` and ``support`` when they
+    were asked for (``compute_token_stats(inputs=...)``); everything else is detached.
     """
 
     logp: torch.Tensor  # log pi(y_t): differentiable
@@ -47,6 +78,14 @@ class TokenStats:
     sum_pi_sq: torch.Tensor  # sum over the whole vocabulary of pi_i^2
     var_v: torch.Tensor | None  # Var_pi(v), the second derivative of the KL along v (opt-in)
     vocab_size: int  # n, the logits width
+    entropy: torch.Tensor | None = None  # H(pi_t), differentiable (inputs: "entropy")
+    support: SupportLogProbs | None = None  # pi and mu over S (inputs: "support_log_probs")
+
+    def detached(self) -> TokenStats:
+        """The same statistics without any gradient (what a recipe's ``batch.stats`` holds)."""
+        entropy = None if self.entropy is None else self.entropy.detach()
+        support = None if self.support is None else self.support.detached()
+        return replace(self, logp=self.logp.detach(), entropy=entropy, support=support)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every per-token tensor by name (``var_v`` only when computed)."""
@@ -88,13 +127,15 @@ def compute_token_stats(
     chunk_size: int | None = None,
     second_order: bool = False,
     support: SupportMode = "union",
+    inputs: Collection[str] = (),
 ) -> TokenStats:
     """All per-token statistics in one call.
 
     Shapes: ``logits [..., V]``, ``sampled_ids [...]``, ``mu_topk_ids / mu_topk_logprobs [..., K]``
     (``None`` for K = 0: support ``{y_t}`` plus one bucket), ``mu_sampled_logprob [...]``.
     Returns statistics shaped ``[...]``. Padding positions are computed like any other token;
-    mask them out downstream.
+    mask them out downstream. ``inputs``: which of :data:`GRADIENT_INPUTS` to compute as well
+    (a recipe's ``needs``; other names are ignored).
     """
     if logits.dim() < 1 or logits.shape[:-1] != sampled_ids.shape:
         raise ValueError(
@@ -112,12 +153,19 @@ def compute_token_stats(
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
     sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
     lp = chunked_logits_pass(
-        flat_logits, sampled, sup.ids, chunk_size=chunk_size, second_order=second_order
+        flat_logits,
+        sampled,
+        sup.ids,
+        chunk_size=chunk_size,
+        second_order=second_order,
+        entropy=ENTROPY in inputs,
+        support_grad=SUPPORT_LOG_PROBS in inputs,
     )
     valid = sup.valid
 
-    # Support probabilities (0 on invalid slots).
-    logpi_s = torch.where(valid, lp.logp_support, -torch.inf)
+    # Support probabilities (0 on invalid slots); the statistics never carry their gradient.
+    logpi_s_grad = torch.where(valid, lp.logp_support, -torch.inf)
+    logpi_s = logpi_s_grad.detach()
     logmu_s = sup.mu_logp
     pi_s = logpi_s.exp()
     mu_s = logmu_s.exp()
@@ -126,7 +174,7 @@ def compute_token_stats(
     mu_tail = (-torch.special.expm1(torch.logsumexp(logmu_s, dim=-1))).clamp_min(0.0)
     # An empty tail (m = n) holds nothing; what -expm1 leaves there is rounding, not mass.
     mu_tail = torch.where(sup.size >= vocab, zero, mu_tail)
-    pi_tail = lp.tail_mass
+    pi_tail = lp.tail_mass.detach()
 
     # Divergences over S plus one tail bucket.
     kl_topk = torch.where(valid, _xlogy_ratio(mu_s, logmu_s, logpi_s), zero).sum(-1)
@@ -186,6 +234,20 @@ def compute_token_stats(
     def shaped(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.reshape(batch_shape)
 
+    def slots(t: torch.Tensor) -> torch.Tensor:
+        return t.reshape(*batch_shape, t.shape[-1])
+
+    support_view = None
+    if SUPPORT_LOG_PROBS in inputs:
+        support_view = SupportLogProbs(
+            ids=slots(sup.ids),
+            valid=slots(valid),
+            log_prob=slots(logpi_s_grad),
+            mu_log_prob=slots(logmu_s),
+            tail_mass=shaped(lp.tail_mass),
+            mu_tail_mass=shaped(mu_tail),
+        )
+
     return TokenStats(
         logp=shaped(logp),
         mu_logp=shaped(mu_k_logp),
@@ -211,4 +273,6 @@ def compute_token_stats(
         sum_pi_sq=shaped(sum_pi_sq),
         var_v=shaped(var_v),
         vocab_size=vocab,
+        entropy=shaped(lp.entropy),
+        support=support_view,
     )

@@ -63,9 +63,13 @@ class AnalysisSetup:
         index = self.all_sequences if index is None else index
         return trainer_logits(self.trainer, self.batch, index)
 
-    def stats(self, logits: torch.Tensor, index: torch.Tensor | None = None) -> TokenStats:
-        """Statistics against the behaviour's top-K view (what a mask may use)."""
-        return token_stats(logits, self.batch, self.all_sequences if index is None else index)
+    def stats(
+        self, logits: torch.Tensor, index: torch.Tensor | None = None, inputs=()
+    ) -> TokenStats:
+        """Statistics against the behaviour's top-K view (what a mask may use); ``inputs``: a
+        recipe's ``needs``."""
+        index = self.all_sequences if index is None else index
+        return token_stats(logits, self.batch, index, inputs)
 
     def exact(self, logits: torch.Tensor, index: torch.Tensor | None = None) -> ExactReference:
         """Exact full-vocabulary KL and ``Ddot`` against the full behaviour distribution."""

@@ -9,6 +9,7 @@ behaviour's top-K view only.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
@@ -92,8 +93,14 @@ def trainer_logits(trainer: TinyDecoder, batch: RolloutBatch, index: torch.Tenso
     return trainer(sequences[:, :-1], logits_from=start)
 
 
-def token_stats(logits: torch.Tensor, batch: RolloutBatch, index: torch.Tensor) -> TokenStats:
-    """Trust-region statistics of ``pi`` (these logits) against the behaviour's top-K view."""
+def token_stats(
+    logits: torch.Tensor,
+    batch: RolloutBatch,
+    index: torch.Tensor,
+    inputs: Collection[str] = (),
+) -> TokenStats:
+    """Trust-region statistics of ``pi`` (these logits) against the behaviour's top-K view;
+    ``inputs``: the recipe's ``needs`` (its differentiable extras)."""
     gen = batch.generation
     return compute_token_stats(
         logits,
@@ -101,6 +108,7 @@ def token_stats(logits: torch.Tensor, batch: RolloutBatch, index: torch.Tensor) 
         gen.mu_topk_ids[index],
         gen.mu_topk_logprobs[index],
         gen.mu_logp[index],
+        inputs=inputs,
     )
 
 

@@ -87,7 +87,7 @@ def _update(
     advantages = batch.token_advantages[index]
     with torch.set_grad_enabled(cfg.learns):  # the lr = 0 control needs no autograd graph
         logits = trainer_logits(state.trainer, batch, index)
-    stats = token_stats(logits, batch, index)
+    stats = token_stats(logits, batch, index, mask_fn.needs)
     step_out = apply_method(
         mask_fn, stats, advantages, valid, backend=SIM.name, precision=cfg.precision
     )
