@@ -15,8 +15,8 @@ float32 copy). An entropy bonus on every token is verl's `entropy_coeff` (Willia
 al., "Asynchronous methods for deep reinforcement learning", 2016); here it acts only where the
 mask acts. The mean entropy of the masked tokens is logged as `actor/pdm/recipe/masked_entropy`.
 
-Launch: put `ent-bonus` on any sweep's `method` axis of the embedded backend (VeRL does not
-supply `entropy` yet: the plan refuses it there, naming the input).
+Launch: put `ent-bonus` on any sweep's `method` axis (both backends supply `entropy`; on VeRL it
+comes out of pdmask's logits hook with its gradient).
 """
 
 from pdmask.registry import Param, Recipe

@@ -93,10 +93,6 @@ BAD = {
         f"{HEAD}backend: sim\ngrid: {{method: [pdm-agg], {CELL}, mu_source: [recompute]}}\n",
         [(4, "grid.mu_source.0", "cannot supply")],
     ),
-    "entropy-on-verl": (  # ent-bonus needs an input only the embedded backend computes
-        f"{HEAD}backend: verl\ngrid: {{method: [ent-bonus], {CELL}}}\n",
-        [(4, "grid.method.0", "cannot supply ['entropy'] needed by 'ent-bonus'")],
-    ),
     "unknown-backend": (
         f"{HEAD}backend: tpu\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(3, "backend", "unknown backend 'tpu'")],

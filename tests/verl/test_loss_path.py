@@ -89,6 +89,7 @@ def math_api_step(batch, method, agg_mode="token-mean", delta=DELTA, **params):
         ("k3-penalty", "token-mean", DELTA),
         ("asym-pdm", "token-mean", DELTA),
         ("seq-tv", "seq-mean-token-mean", DELTA),
+        ("ent-bonus", "token-mean", DELTA),  # its entropy's gradient flows through the hook
     ],
 )
 def test_loss_and_gradient_equal_math_api(method, agg_mode, delta, carry):

@@ -79,8 +79,9 @@ def synthetic_batch(
     zeroed = {}
     for f in fields(stats):
         value = getattr(stats, f.name)
-        if isinstance(value, torch.Tensor):
-            value = torch.where(valid, value.detach(), torch.zeros_like(value))
+        if isinstance(value, torch.Tensor):  # the entropy keeps its gradient, as on verl
+            kept = value if f.name == "entropy" else value.detach()
+            value = torch.where(valid, kept, torch.zeros_like(value))
         zeroed[f.name] = value
     stats = type(stats)(**zeroed)
     log_prob = stats.logp.clone().requires_grad_(True)

@@ -92,7 +92,8 @@ class LossSettings:
         return self.recipe.method(roles)
 
     def stats_settings(self) -> StatsSettings:
-        return StatsSettings(self.recipe.name, self.topk, self.chunk_size, self.support)
+        needs = tuple(self.recipe.recipe().needs)
+        return StatsSettings(self.recipe.name, self.topk, self.chunk_size, self.support, needs)
 
 
 @dataclass

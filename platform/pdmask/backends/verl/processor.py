@@ -10,7 +10,9 @@ over Ulysses sequence parallelism. ``N`` is this rank's packed rows: row ``i`` h
 Two uses:
 
 - training: the per-token trust-region statistics of the math API (``compute_token_stats``), read
-  from the logits in row chunks without an ``[N, V]`` float32 copy;
+  from the logits in row chunks without an ``[N, V]`` float32 copy; the entropy a recipe needs
+  comes out of the same pass with its gradient, which flows back through the engine's gather and
+  nesting of hook outputs (differentiable, as for verl's own log-probs) into the model;
 - the old-policy pass (``pdm_mu_source=recompute``): pi_old's own top-K and sampled-token log-probs,
   which then play mu's part in the same data layout as the rollout's top-K.
 """
@@ -26,6 +28,7 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_i
 from pdmask.backends.verl.layout import OLD_ID_KEY, OLD_LP_KEY, packed_rows
 from pdmask.trust_region import SENTINEL_THRESHOLD, TokenStats, compute_token_stats
 from pdmask.trust_region.logits_pass import rows_per_chunk
+from pdmask.trust_region.stats import GRADIENT_INPUTS
 
 STAT_KEY = "pdm_stat_{}"
 PHASE_KEY = "pdm_phase"
@@ -40,6 +43,7 @@ class StatsSettings:
     topk: int
     chunk_size: int | None = None
     support: str = "union"
+    inputs: tuple[str, ...] = ()  # the recipe's ``needs`` that the pass computes (``entropy``)
 
 
 def phase(data) -> str | None:
@@ -64,15 +68,21 @@ def _check_rows(what: str, rows: int, logits: torch.Tensor) -> None:
         raise ValueError(f"{what} has {rows} rows but the logits have {logits.shape[0]}")
 
 
-@torch.no_grad()
 def statistics_outputs(
     student_logits: torch.Tensor, data, settings: StatsSettings
 ) -> dict[str, torch.Tensor]:
     """The math API's per-token statistics for every packed row, as ``(1, N)`` tensors.
 
-    No gradient: the policy gradient flows through verl's own ``log_probs``; the statistics only
-    decide the mask and feed the diagnostics.
+    No gradient, except for the differentiable inputs the recipe needs (``settings.inputs``): the
+    policy gradient flows through verl's own ``log_probs``; the statistics only decide the mask
+    and feed the diagnostics.
     """
+    differentiable = set(settings.inputs) & set(GRADIENT_INPUTS)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and bool(differentiable)):
+        return _statistics_outputs(student_logits, data, settings, differentiable)
+
+
+def _statistics_outputs(student_logits, data, settings: StatsSettings, differentiable):
     logits = student_logits.squeeze(0)
     k = settings.topk
     ids, lps = (_local_rows(t).to(logits.device) for t in packed_rows(data, k))
@@ -94,8 +104,12 @@ def statistics_outputs(
             mu_sampled,
             chunk_size=settings.chunk_size,
             support=settings.support,
+            inputs=tuple(differentiable),
         )
-    out = {STAT_KEY.format(name): t.unsqueeze(0) for name, t in stats.tensors().items()}
+    out = {
+        STAT_KEY.format(name): (t if name in differentiable else t.detach()).unsqueeze(0)
+        for name, t in stats.tensors().items()
+    }
     out[STAT_KEY.format("vocab_size")] = torch.full_like(mu_sampled, stats.vocab_size).unsqueeze(0)
     return out
 
