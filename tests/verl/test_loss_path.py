@@ -151,6 +151,46 @@ def test_a_recipes_own_scalar_reaches_verls_metrics(carried):
     assert share == pytest.approx(clipfrac, rel=1e-6) and 0.3 < share < 0.7, metrics
 
 
+SUPPORT_KL = '''"""A test recipe whose loss differentiates an exact top-K KL over the support."""
+from pdmask.registry import Recipe
+
+
+def kl_penalty_loss(batch):
+    sup = batch.support
+    kl = (sup.mu_log_prob.exp() * (sup.mu_log_prob - sup.log_prob)).where(sup.valid, 0.0).sum(-1)
+    kl = kl + sup.mu_tail_mass * (sup.mu_tail_mass.log() - sup.tail_mass.log())
+    return -batch.ratio * batch.advantages + 0.5 * kl
+
+
+RECIPE = Recipe(
+    name="support-kl", display_name="s", color="#123456", summary="s",
+    loss=kl_penalty_loss, needs=("behaviour_topk", "support_log_probs"),
+)
+'''
+
+
+def test_the_support_log_probs_and_their_gradient_reach_verls_loss(carried):
+    """``needs: support_log_probs`` on verl: the hook's support view, slot by slot through the
+    engine's outputs, gives the loss and gradient of the math API (where it is one tensor)."""
+    from pdmask.backends.verl.file_recipes import ENV_VAR, FileRecipe
+    from pdmask.registry.recipe_files import recipe_from_source
+
+    recipe = recipe_from_source("recipes/support_kl.py", SUPPORT_KL)
+    entry = FileRecipe.of(recipe, {}, "bf16")
+    carried(entry.env()[ENV_VAR])
+    batch = make_batch(mismatch=0.6)
+    loss, _ = verl_step(batch, ALL, actor_config(entry.loss_mode, delta=None))
+    verl_grad = batch.leaf.grad.clone()
+    batch.leaf.grad = None
+    ref = math_api_step(batch, recipe.method(recipe.resolve_params({})[0]), delta=None)
+    torch.testing.assert_close(loss, ref.loss.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(verl_grad, batch.leaf.grad, rtol=1e-5, atol=1e-7)
+    # non-vacuous: the penalty's own gradient is there (the policy-gradient term alone differs)
+    batch.leaf.grad = None
+    math_api_step(batch, Method("pg-only"), delta=None)
+    assert not torch.allclose(verl_grad, batch.leaf.grad, rtol=1e-3, atol=1e-6)
+
+
 def test_ratio_cap_reaches_the_loss(carry):
     batch = make_batch()
     job = carry("pdm-agg")  # carried without a cap: the job's own knob sets it

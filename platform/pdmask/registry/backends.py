@@ -66,9 +66,7 @@ VERL = BackendSpec(
     name="verl",
     summary="VeRL training jobs (vLLM rollouts) submitted as Ray Jobs to a cluster",
     runtime="pdmask.backends.verl.backend:BACKEND",
-    # Its logits hook returns one value per token: log pi over the support ([N, M]) is not yet
-    # carried out of it.
-    supplies=frozenset({"behaviour_topk", "entropy"}),
+    supplies=frozenset({"behaviour_topk", "entropy", "support_log_probs"}),
     mu_sources=("rollout", "recompute"),
     launch=Launch.RAY_JOBS,
     occupies=Occupies.CLUSTER_GPUS,

@@ -10,9 +10,10 @@ over Ulysses sequence parallelism. ``N`` is this rank's packed rows: row ``i`` h
 Two uses:
 
 - training: the per-token trust-region statistics of the math API (``compute_token_stats``), read
-  from the logits in row chunks without an ``[N, V]`` float32 copy; the entropy a recipe needs
-  comes out of the same pass with its gradient, which flows back through the engine's gather and
-  nesting of hook outputs (differentiable, as for verl's own log-probs) into the model;
+  from the logits in row chunks without an ``[N, V]`` float32 copy; the entropy and the support's
+  log-probs a recipe needs come out of the same pass with their gradients, which flow back through
+  the engine's gather and nesting of hook outputs (differentiable, as for verl's own log-probs)
+  into the model;
 - the old-policy pass (``pdm_mu_source=recompute``): pi_old's own top-K and sampled-token log-probs,
   which then play mu's part in the same data layout as the rollout's top-K.
 """
@@ -28,9 +29,10 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_i
 from pdmask.backends.verl.layout import OLD_ID_KEY, OLD_LP_KEY, packed_rows
 from pdmask.trust_region import SENTINEL_THRESHOLD, TokenStats, compute_token_stats
 from pdmask.trust_region.logits_pass import rows_per_chunk
-from pdmask.trust_region.stats import GRADIENT_INPUTS
+from pdmask.trust_region.stats import GRADIENT_INPUTS, SupportLogProbs
 
 STAT_KEY = "pdm_stat_{}"
+SUPPORT_PREFIX = "support_view_"  # STAT_KEY names of the support view (support_view_<field>_<slot>)
 PHASE_KEY = "pdm_phase"
 OLD_PHASE = "old"
 
@@ -111,15 +113,66 @@ def _statistics_outputs(student_logits, data, settings: StatsSettings, different
         for name, t in stats.tensors().items()
     }
     out[STAT_KEY.format("vocab_size")] = torch.full_like(mu_sampled, stats.vocab_size).unsqueeze(0)
+    if stats.support is not None:
+        out.update(_support_outputs(stats.support))
     return out
+
+
+def _support_outputs(support: SupportLogProbs) -> dict[str, torch.Tensor]:
+    """The support view as ``(1, N)`` outputs, one per slot and field (the engine takes 1-D
+    per-token outputs only): ids and the valid flag as exact floats (ids < 2**24), log-probs
+    finite on invalid slots (0; ``-inf`` is put back from the flag after the padding)."""
+    out = {}
+    valid = support.valid
+    slots = {
+        "ids": support.ids.to(torch.float32),
+        "valid": valid.to(torch.float32),
+        "log_prob": torch.where(valid, support.log_prob, 0.0),
+        "mu_log_prob": torch.where(valid, support.mu_log_prob, 0.0),
+    }
+    for name, values in slots.items():
+        for slot in range(values.shape[-1]):
+            out[STAT_KEY.format(f"{SUPPORT_PREFIX}{name}_{slot}")] = values[:, slot].unsqueeze(0)
+    for name in ("tail_mass", "mu_tail_mass"):
+        out[STAT_KEY.format(f"{SUPPORT_PREFIX}{name}")] = getattr(support, name).unsqueeze(0)
+    return out
+
+
+def _support_from_outputs(fields: dict[str, torch.Tensor]) -> SupportLogProbs | None:
+    """Pop the support outputs (already in the ``(B, R)`` frame) back into ``[B, R, M]`` form."""
+    mine = sorted(k for k in fields if k.startswith(SUPPORT_PREFIX))
+    if not mine:
+        return None
+    parts = {k[len(SUPPORT_PREFIX) :]: fields.pop(k) for k in mine}
+
+    def stacked(name: str) -> torch.Tensor:
+        slots = sorted(
+            (int(k.rsplit("_", 1)[1]), v)
+            for k, v in parts.items()
+            if k.startswith(name + "_") and k[len(name) + 1 :].isdigit()
+        )
+        return torch.stack([v for _, v in slots], dim=-1)
+
+    valid = stacked("valid") > 0.5
+    return SupportLogProbs(
+        ids=stacked("ids").round().long(),
+        valid=valid,
+        log_prob=torch.where(valid, stacked("log_prob"), -torch.inf),
+        mu_log_prob=torch.where(valid, stacked("mu_log_prob"), -torch.inf),
+        tail_mass=parts["tail_mass"],
+        mu_tail_mass=parts["mu_tail_mass"],
+    )
 
 
 def stats_from_outputs(padded: dict[str, torch.Tensor]) -> TokenStats:
     """Rebuild a ``TokenStats`` from statistics already put in the loss's ``(B, R)`` frame."""
     fields = {name[len(STAT_KEY.format("")) :]: t for name, t in padded.items()}
     vocab = fields.pop("vocab_size")
+    support = _support_from_outputs(fields)
     fields.setdefault("var_v", None)
-    return TokenStats(**fields, vocab_size=int(vocab.max().item()) if vocab.numel() else 0)
+    return TokenStats(
+        **fields, vocab_size=int(vocab.max().item()) if vocab.numel() else 0, support=support
+    )
 
 
 @torch.no_grad()
