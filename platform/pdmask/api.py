@@ -84,4 +84,5 @@ def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:
         cluster=options.cluster,
         max_trials=options.max_trials,
         address=options.address or os.environ.get("RAY_ADDRESS"),
+        insecure=options.insecure,
     )

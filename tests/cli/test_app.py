@@ -20,7 +20,7 @@ pytestmark = pytest.mark.processes
 
 COMMANDS = {
     "recipes", "sweeps", "sweep", "validate", "ui", "figure", "analyze", "data", "schema",
-    "runs", "logs", "clean",
+    "runs", "logs", "clean", "cluster",
 }  # fmt: skip
 WIDE = {"COLUMNS": "200"}  # rich wraps help at the terminal's width
 
@@ -46,6 +46,7 @@ def test_every_command_is_listed_and_builds():
         ["runs"],
         ["logs"],
         ["clean"],
+        ["cluster", "check"],
     ):
         helped = pdm(*argv, "--help", env=WIDE)
         assert helped.exit_code == 0, (argv, helped.output)
@@ -60,7 +61,8 @@ def test_version_and_bare_pdm():
 
 def test_shared_options_show_their_environment_variables():
     for argv, expected in (
-        (["sweep"], {"MLFLOW_TRACKING_URI", "PDM_HOME", "RAY_ADDRESS"}),
+        (["sweep"], {"MLFLOW_TRACKING_URI", "PDM_HOME", "RAY_ADDRESS", "PDM_RAY_TOKEN_FILE"}),
+        (["cluster", "check"], {"MLFLOW_TRACKING_URI", "RAY_ADDRESS", "PDM_RAY_TOKEN_FILE"}),
         (["ui"], {"MLFLOW_TRACKING_URI", "PDM_HOME"}),
         (["figure"], {"MLFLOW_TRACKING_URI", "PDM_HOME"}),
         (["analyze", "tokens"], {"MLFLOW_TRACKING_URI", "PDM_HOME"}),

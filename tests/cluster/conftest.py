@@ -28,6 +28,10 @@ from pdmask.orchestration.local_ray import LOOPBACK_ENV
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once
 RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# `pdm sweep` flags for `ray_head`: its job API has no authentication and its one node is this
+# machine, so the submitter's sqlite store and state folder are the node's own (test_cluster_check.py
+# covers the refusals these flags lift).
+ONE_MACHINE = ("--insecure", "--skip-cluster-check")
 
 
 def _children() -> dict[int, list[int]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import sweep_runs, tracking_client
+from tests.cluster.conftest import ONE_MACHINE, sweep_runs, tracking_client
 from tests.cluster.test_ray_jobs import run_pdm, standin_env, write_sweep
 
 pytest.importorskip("verl")
@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
 def test_job_driver_logs_land_in_the_state_folder(ray_head, project):
     write_sweep(project, "job-logs", ["pdm-agg"])
     env = standin_env(project, {"pdm_agg": [{"result": "fail"}, {"result": "ok"}]})
-    out = run_pdm(project, env, "sweep", "job-logs", "--address", ray_head, "--no-figures")
+    out = run_pdm(
+        project, env, "sweep", "job-logs", "--address", ray_head, *ONE_MACHINE, "--no-figures"
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
     ((run,),) = sweep_runs(project, "job-logs").values()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import env_for, pdm_cmd, sweep_runs
+from tests.cluster.conftest import ONE_MACHINE, env_for, pdm_cmd, sweep_runs
 
 pytest.importorskip("verl")
 pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
@@ -86,7 +86,9 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
         "pdm_uni": [{"result": "fail"}, {"result": "fail"}, {"result": "ok"}],
     }
     env = standin_env(project, behaviour)
-    first = run_pdm(project, env, "sweep", "jobs", "--address", ray_head, "--no-figures")
+    first = run_pdm(
+        project, env, "sweep", "jobs", "--address", ray_head, *ONE_MACHINE, "--no-figures"
+    )
     out = first.stdout + first.stderr
     assert first.returncode == 1, out  # pdm-uni failed both of its attempts
     assert "waiting for GPUs" in out, out
@@ -131,7 +133,9 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
     assert run["pdm-agg"].data.tags["pdm.ray_job"].endswith("-a2")
 
     # Second invocation: finished trials are skipped by hash; pdm-uni resumes into its run as a3.
-    second = run_pdm(project, env, "sweep", "jobs", "--address", ray_head, "--no-figures")
+    second = run_pdm(
+        project, env, "sweep", "jobs", "--address", ray_head, *ONE_MACHINE, "--no-figures"
+    )
     assert second.returncode == 0, second.stdout + second.stderr
     assert "3 already finished, 1 to run" in second.stdout
     jobs = cluster_jobs(ray_head, "jobs")
@@ -148,7 +152,7 @@ def test_interrupted_sweep_attaches_to_running_jobs(ray_head, project):
     write_sweep(project, "attach", ["pdm-agg"], seeds=2)
     release = project / "release"
     env = standin_env(project, {"pdm_agg": [{"result": "ok", "wait_for": str(release)}]})
-    cmd = pdm_cmd("sweep", "attach", "--address", ray_head, "--no-figures")
+    cmd = pdm_cmd("sweep", "attach", "--address", ray_head, *ONE_MACHINE, "--no-figures")
     first = subprocess.Popen(
         cmd, env=env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

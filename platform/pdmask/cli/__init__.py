@@ -100,7 +100,9 @@ class Commands(TyperGroup):
         try:
             return super().invoke(ctx)
         except PdmError as err:
-            print(f"error: {err}", file=sys.stderr)
+            from pdmask.orchestration.ray_auth import scrub  # the Ray token is never printed
+
+            print(f"error: {scrub(str(err))}", file=sys.stderr)
             raise typer.Exit(err.exit_code) from None
         except KeyboardInterrupt:
             print("interrupted", file=sys.stderr)

@@ -68,6 +68,40 @@ RayAddress = Annotated[
     ),
 ]
 
+
+def _use_token_file(value: Path | None) -> Path | None:
+    # Read where every client of the cluster looks for it (orchestration/ray_auth.py).
+    if value is not None:
+        os.environ["PDM_RAY_TOKEN_FILE"] = str(value.expanduser())
+    return value
+
+
+RayTokenFile = Annotated[
+    Path | None,
+    typer.Option(
+        "--ray-token-file",
+        envvar="PDM_RAY_TOKEN_FILE",
+        show_envvar=True,
+        metavar="FILE",
+        callback=_use_token_file,
+        dir_okay=False,
+        help="File holding the cluster's Ray auth token (RAY_AUTH_MODE=token clusters); "
+        "RAY_AUTH_TOKEN wins when set. Default: RAY_AUTH_TOKEN_PATH, else ~/.ray/auth_token. "
+        "Sent only to a job API that asks for it; never printed.",
+        rich_help_panel=SERVICES,
+    ),
+]
+
+Insecure = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Use a cluster whose job API answers without authentication (refused otherwise: "
+        "anyone who reaches it can run code on the cluster).",
+        rich_help_panel=SERVICES,
+    ),
+]
+
 Json = Annotated[
     bool, typer.Option("--json", help="Machine-readable output.", rich_help_panel=OUTPUT)
 ]

@@ -11,7 +11,17 @@ from typing import Annotated
 import typer
 
 from pdmask.cli import _choices
-from pdmask.cli._options import OUTPUT, RUN, Json, RayAddress, StateDir, TrackingUri
+from pdmask.cli._options import (
+    OUTPUT,
+    RUN,
+    SERVICES,
+    Insecure,
+    Json,
+    RayAddress,
+    RayTokenFile,
+    StateDir,
+    TrackingUri,
+)
 
 COMMAND = "sweep"
 GRID = "Trials"
@@ -72,6 +82,18 @@ def sweep(
     address: RayAddress = None,
     tracking_uri: TrackingUri = None,
     state_dir: StateDir = None,
+    ray_token_file: RayTokenFile = None,
+    insecure: Insecure = False,
+    skip_cluster_check: Annotated[
+        bool,
+        typer.Option(
+            "--skip-cluster-check",
+            help="VeRL jobs on an --address: submit without proving the nodes share storage "
+            "(no refusal of a sqlite store or an unset checkpoint root, no `pdm cluster check`). "
+            "Only for a cluster whose nodes are all this machine.",
+            rich_help_panel=SERVICES,
+        ),
+    ] = False,
 ) -> None:
     """Run every unfinished trial of a sweep (or --dry-run to print the plan).
 

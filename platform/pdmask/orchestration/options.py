@@ -47,6 +47,17 @@ class SweepOptions(BaseModel):
     max_concurrent: int | None = Field(
         None, ge=1, description="Cap on trials running at once; None = the sweep's own."
     )
+    insecure: bool = Field(
+        False,
+        description="Submit to a cluster whose job API answers without authentication (refused "
+        "otherwise: an open job API runs anyone's code).",
+    )
+    skip_cluster_check: bool = Field(
+        False,
+        description="Submit to an --address without proving its nodes share storage: neither "
+        "the refusal of unshareable settings (a sqlite store, no checkpoint root) nor the "
+        "per-node check (`pdm cluster check`) runs. For a cluster whose nodes are all this machine.",
+    )
     figures: bool = Field(
         True, description="Build the sweep's figures once every trial has finished."
     )

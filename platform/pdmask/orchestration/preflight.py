@@ -15,13 +15,19 @@ from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import Registry, Trial
 
 
-def environment_problems(address: str | None = None, jobs: bool = False, env=None) -> list[Problem]:
+def environment_problems(
+    address: str | None = None, jobs: bool = False, env=None, insecure: bool = False
+) -> list[Problem]:
     """What is wrong in the settings a sweep reads from its environment and flags (the watchdog's
-    bounds, the Ray address: ``ray_address.py``), each named by its variable."""
+    bounds, the Ray address: ``ray_address.py``, and for jobs its authentication: ``ray_auth.py``,
+    refused without a token unless ``insecure``), each named by its variable."""
     from pdmask.orchestration.ray_address import address_problems
+    from pdmask.orchestration.ray_auth import auth_problems
     from pdmask.watchdog import site_bounds
 
     problems = address_problems(address, jobs)
+    if jobs and address and not problems:
+        problems = auth_problems(address, insecure, env)
     try:
         site_bounds(env)
     except ConfigError as err:
@@ -81,9 +87,11 @@ def checked_trials(
     cluster: str | None = None,
     max_trials: int | None = None,
     address: str | None = None,
+    insecure: bool = False,
 ) -> list[Trial]:
-    """The sweep's trials after every check, the Ray ``address`` they will run on included;
-    raises ValidationFailed with all problems."""
+    """The sweep's trials after every check, the Ray ``address`` they will run on included (and
+    for jobs its authentication, ``insecure`` accepting none); raises ValidationFailed with all
+    problems."""
     from pdmask.registry.backends import Launch, backend_spec
     from pdmask.registry.recipe_check import check_recipes
 
@@ -94,7 +102,7 @@ def checked_trials(
     problems += backend_problems(reg, name, trials)
     problems += dashboard_problems(reg, name, trials, cluster)
     jobs = bool(trials) and backend_spec(trials[0].backend).launch is Launch.RAY_JOBS
-    problems += environment_problems(address, jobs)
+    problems += environment_problems(address, jobs, insecure=insecure)
     if problems:
         raise ValidationFailed(problems)
     return trials

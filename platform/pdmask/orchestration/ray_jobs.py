@@ -3,7 +3,10 @@
 Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
 
 1. Every trial's job is built and checked first (nothing launches on a bad grid), and every trial
-   must fit the cluster's nodes. Trials with a FINISHED run (by trial hash) are skipped.
+   must fit the cluster's nodes. For an ``--address`` (a cluster pdm did not start) settings the
+   nodes cannot share are refused and ``pdm cluster check`` runs from every node first
+   (``shared_storage``, ``cluster_check``; ``--skip-cluster-check`` skips both). Trials with a
+   FINISHED run (by trial hash) are skipped.
 2. The cluster's job list is read: a trial whose job is still PENDING/RUNNING (a previous
    invocation was stopped) is *attached*, never submitted twice. Submission ids are deterministic,
    ``pdm-<sweep>-<trial hash>-a<attempt>``, so a second submission of the same attempt is refused by
@@ -42,14 +45,15 @@ from pdmask.backends.verl.jobs import (
 )
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.console import table
-from pdmask.errors import ConfigError
+from pdmask.errors import ConfigError, ValidationFailed
 from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.ray_jobs_checks import (
     build_all,
     check_data,
     check_fit,
     poll_seconds,
-    warn_about_store,
+    require_cluster_check,
+    unshared_settings,
 )
 from pdmask.orchestration.ray_jobs_cluster import JobCluster, JobView
 from pdmask.registry import CLUSTERS, Trial
@@ -100,7 +104,15 @@ def run_job_sweep(
             "list the points as a grid"
         )
     settings = JobSettings.from_env()
-    overrides = build_all(sweep, trials, cluster_name, settings, reg)  # raises before any launch
+    # An address is a cluster pdm did not start here: what its nodes cannot share is refused.
+    prove = bool(address) and not options.skip_cluster_check
+    unshared = unshared_settings(uri, settings, cluster_name) if prove else []
+    try:
+        overrides = build_all(sweep, trials, cluster_name, settings, reg)  # raises before launch
+    except ValidationFailed as err:
+        raise ValidationFailed(unshared + err.problems) from None
+    if unshared:
+        raise ValidationFailed(unshared)
     jobs = [
         TrialJob(
             t,
@@ -112,6 +124,8 @@ def run_job_sweep(
     ]
     check_data(settings, cluster_name)
     prepare_local_inputs(trials, log=console.print)
+    if prove:  # from every node, before the first submission (`pdm cluster check`)
+        require_cluster_check(address, uri, settings, cluster_name, trials, console)
     context = dict(client=client, uri=uri, experiment_id=experiment_id, tags=tags, console=console)
     if address:
         return _run_on(
@@ -142,8 +156,6 @@ def _run_on(
     console,
 ) -> int:
     """The sweep's jobs on the Ray cluster at ``address``."""
-    warn_about_store(uri, address, console)
-
     cluster = JobCluster(address)
     try:
         node_gpus = cluster.node_gpus()

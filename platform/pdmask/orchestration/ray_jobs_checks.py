@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import urlparse
 
 from pdmask.backends.verl.jobs import trial_overrides, trial_resources
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.errors import ConfigError, Problem, ValidationFailed
-from pdmask.loopback import LOOPBACK_HOSTS
 from pdmask.registry import Trial
 
 POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
@@ -78,11 +76,33 @@ def check_fit(trials: list[Trial], node_gpus: list[float], cluster_name: str) ->
         raise ValidationFailed(problems)
 
 
-def warn_about_store(uri: str, address: str, console) -> None:
-    host = urlparse(address if "://" in address else f"http://{address}").hostname or ""
-    if uri.startswith("sqlite:") and host not in LOOPBACK_HOSTS:
+def unshared_settings(uri: str, settings: JobSettings, cluster_name: str) -> list[Problem]:
+    """The settings a cluster's nodes cannot share (``shared_storage``), for a remote address."""
+    from pdmask.backends.verl.jobs import on_cpu
+    from pdmask.orchestration.shared_storage import storage_problems
+
+    return storage_problems(
+        uri,
+        checkpoint_dir=str(settings.checkpoint_dir) if settings.checkpoint_dir else None,
+        data_dir=str(settings.data_dir) if settings.data_dir else None,
+        model_root=settings.model_root,
+        data_built_here=on_cpu(cluster_name),
+    )
+
+
+def require_cluster_check(address, uri, settings, cluster_name, trials, console) -> None:
+    """``pdm cluster check`` against ``address`` for these trials' inputs; refuses (exit 2,
+    every failed check named with its node) before anything is submitted."""
+    from pdmask.backends.verl.site_inputs import shared_inputs
+    from pdmask.orchestration.cluster_check import CheckSpec, render, run_check
+
+    console.print(f"checking the cluster's nodes (pdm cluster check --address {address})...")
+    spec = CheckSpec.of(uri, shared_inputs(settings, cluster_name, trials))
+    report = run_check(address, spec)
+    render(report, console)
+    if not report.ok:
         console.print(
-            f"[yellow]tracking store {uri} is a local file: the nodes must see it at the same path "
-            "(shared filesystem); otherwise start an MLflow server the nodes can reach and pass "
-            "--tracking-uri http://HOST:5000[/yellow]"
+            "nothing was submitted; fix the settings above, or submit without this check "
+            "with --skip-cluster-check"
         )
+        raise ValidationFailed(report.problems())

@@ -54,12 +54,15 @@ class JobCluster:
     def __init__(self, address: str):
         from ray.job_submission import JobSubmissionClient
 
+        from pdmask.orchestration.ray_auth import headers_for, scrub
+
+        self.headers = headers_for(address)  # the token, when the job API asks for one
         try:
-            self.client = JobSubmissionClient(address)
+            self.client = JobSubmissionClient(address, headers=self.headers)
         except Exception as err:  # connection refused, bad address, version mismatch, ...
             raise ConfigError(
-                f"--address {address}: cannot reach the Ray cluster's job API ({err}); give the "
-                "head's dashboard address, e.g. http://HEAD:8265"
+                f"--address {address}: cannot reach the Ray cluster's job API ({scrub(str(err))}); "
+                "give the head's dashboard address, e.g. http://HEAD:8265"
             ) from None
         self.address = self.client.get_address()
 
@@ -123,10 +126,16 @@ class JobCluster:
     # ---------------------------------------------------------------- GPUs
     def node_gpus(self) -> list[float]:
         """GPUs of every alive node."""
-        from ray.util.state import list_nodes
+        from ray.util.state import StateApiClient
+        from ray.util.state.common import ListApiOptions, StateResource
 
+        headers = {"Content-Type": "application/json", **self.headers}
         try:
-            nodes = list_nodes(address=self.address, detail=True, raise_on_missing_output=False)
+            nodes = StateApiClient(self.address, headers=headers).list(
+                StateResource.NODES,
+                options=ListApiOptions(detail=True),
+                raise_on_missing_output=False,
+            )
         except Exception as err:  # Ray's state API raises its own types for network trouble
             raise ConnectionError(f"cannot list the nodes of {self.address}: {err}") from err
         return [
@@ -136,7 +145,8 @@ class JobCluster:
     def gpus_in_use(self) -> float:
         """GPUs held right now by anything on the cluster (0 if the dashboard does not say)."""
         try:
-            with urllib.request.urlopen(f"{self.address}/api/cluster_status", timeout=10) as r:
+            url = urllib.request.Request(f"{self.address}/api/cluster_status", headers=self.headers)
+            with urllib.request.urlopen(url, timeout=10) as r:
                 data = json.load(r)
             usage = data["data"]["clusterStatus"]["loadMetricsReport"]["usage"]
             return float(usage.get("GPU", [0.0, 0.0])[0])
