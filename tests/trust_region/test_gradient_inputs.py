@@ -172,3 +172,24 @@ def test_a_recipe_sees_the_differentiable_inputs_it_asked_for_and_detached_stati
     assert batch.entropy.requires_grad and batch.support is None
     assert not batch.stats.entropy.requires_grad and not batch.stats.logp.requires_grad
     assert out.token_loss.requires_grad
+
+
+def test_the_inputs_come_in_the_batchs_dtype_as_every_float_there():
+    """verl's log-probs are bf16 in a real FSDP job while the statistics are float32: a loss
+    built from the entropy must still return the log-probs' dtype (it failed a real job)."""
+    *_, stats = _stats_case(("entropy", "support_log_probs"))
+    seen = {}
+
+    def loss(batch):
+        seen["batch"] = batch
+        return -batch.entropy - batch.support.tail_mass
+
+    method = Method("both", loss=loss, needs=frozenset({"entropy", "support_log_probs"}))
+    log_prob = stats.logp.detach().to(torch.bfloat16).requires_grad_(True)
+    valid = torch.ones_like(stats.ratio, dtype=torch.bool)
+    out = apply_method(
+        method, stats, torch.ones_like(stats.ratio), valid, log_prob=log_prob, backend="verl"
+    )
+    batch = seen["batch"]
+    assert batch.entropy.dtype == batch.support.log_prob.dtype == torch.bfloat16
+    assert out.token_loss.dtype == torch.bfloat16 and out.token_loss.requires_grad

@@ -8,7 +8,8 @@ A recipe's mask and loss are code; the registry's field checks cannot tell that 
 - ``sim``: the embedded trainer's frame; padding holds real (meaningless) statistics; float32 and
   float64 (the math keeps float64 in float64);
 - ``verl``: verl's padded response frame; padding is zero-filled; log-probs come from a separate
-  leaf, as verl's do; float32 (skipped for a recipe that needs an input verl cannot supply: the
+  leaf, as verl's do, in float32 and in bf16 (a real FSDP job's; the statistics stay float32: a
+  loss must still return the log-probs' dtype) (skipped for a recipe that needs an input verl cannot supply: the
   plan refuses it there).
 
 Each batch has responses of different lengths (one of a single token) and advantages of both
@@ -34,7 +35,8 @@ from pdmask.registry.backends import BACKENDS
 from pdmask.registry.catalog import PRECISIONS
 from pdmask.registry.recipes import Recipe
 
-LAYOUTS = (("sim", "float32"), ("sim", "float64"), ("verl", "float32"))
+# verl's log-probs are the model's dtype: bf16 in a real FSDP job, float32 in a float32 one.
+LAYOUTS = (("sim", "float32"), ("sim", "float64"), ("verl", "float32"), ("verl", "bfloat16"))
 _LENGTHS = (6, 1, 4, 3)  # one full row, one single-token response, padding of every width
 _ADVANTAGES = (1.0, -1.0, 0.5, -0.7)
 _VOCAB, _TOPK = 24, 4
@@ -84,7 +86,7 @@ def synthetic_batch(
             value = torch.where(valid, kept, torch.zeros_like(value))
         zeroed[f.name] = value
     stats = type(stats)(**zeroed)
-    log_prob = stats.logp.clone().requires_grad_(True)
+    log_prob = stats.logp.to(dtype).clone().requires_grad_(True)
     return _Synthetic(stats, advantages, valid, log_prob, stats.mu_logp, log_prob)
 
 

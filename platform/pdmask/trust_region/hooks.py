@@ -114,8 +114,9 @@ def apply_method(
         params=method.params,
         backend=backend,
         precision=precision,
-        entropy=stats.entropy if ENTROPY in method.needs else None,
-        support=stats.support if SUPPORT_LOG_PROBS in method.needs else None,
+        # In the batch's compute dtype like every float here (verl's log-probs may be bf16).
+        entropy=stats.entropy.to(logp.dtype) if ENTROPY in method.needs else None,
+        support=stats.support.to(logp.dtype) if SUPPORT_LOG_PROBS in method.needs else None,
     )
     mask = torch.zeros_like(valid) if method.mask is None else method.mask(batch)
     _check(method, "mask", mask, batch)

@@ -43,6 +43,16 @@ class SupportLogProbs:
     def detached(self) -> SupportLogProbs:
         return replace(self, log_prob=self.log_prob.detach(), tail_mass=self.tail_mass.detach())
 
+    def to(self, dtype: torch.dtype) -> SupportLogProbs:
+        """Every float field in ``dtype`` (differentiable: the gradient flows through the cast)."""
+        return replace(
+            self,
+            log_prob=self.log_prob.to(dtype),
+            mu_log_prob=self.mu_log_prob.to(dtype),
+            tail_mass=self.tail_mass.to(dtype),
+            mu_tail_mass=self.mu_tail_mass.to(dtype),
+        )
+
 
 @dataclass
 class TokenStats:
