@@ -71,28 +71,18 @@ def make_path(path: str):
     def method(name: str, **params):
         return recipes[name].method(recipes[name].resolve_params(params)[0])
 
-    if path == "pdm-agg":
-        pdm_agg = method("pdm-agg", delta=0.15)
-
+    def policy_loss_path(chosen):
         def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
             return policy_loss(
-                pdm_agg, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
+                chosen, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
             ).loss
 
         return run
-    if path == "ent-bonus":
-        ent_bonus = method("ent-bonus", delta=0.15)
 
-        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
-            return policy_loss(
-                ent_bonus, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
-            ).loss
-
-        return run
+    if path in ("pdm-agg", "ent-bonus"):
+        return policy_loss_path(method(path, delta=0.15))
     if path == "support-kl":
         from dataclasses import replace
-
-        agg = method("pdm-agg", delta=0.15)
 
         def support_kl(batch):  # a KL penalty over S + tail on every token, differentiable
             sup = batch.support
@@ -100,14 +90,10 @@ def make_path(path: str):
             tail = sup.mu_tail_mass * (sup.mu_tail_mass.log() - sup.tail_mass.log())
             return -batch.ratio * batch.advantages + 0.1 * (kl.sum(-1) + tail)
 
-        needy = replace(agg, loss=support_kl, needs=frozenset({"support_log_probs"}))
-
-        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
-            return policy_loss(
-                needy, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
-            ).loss
-
-        return run
+        agg = method("pdm-agg", delta=0.15)
+        return policy_loss_path(
+            replace(agg, loss=support_kl, needs=frozenset({"support_log_probs"}))
+        )
     if path == "fused-logprob":
         grpo = method("grpo-clip-higher")
 
