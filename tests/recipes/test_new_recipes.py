@@ -38,7 +38,8 @@ def _case(seed=0, b=5, t=7, vocab=40, spread=0.6):
 
 
 def _token_values(logits, sampled, top_ids, mu_full, i, j):
-    """(log pi(y), KL_topK, TV_topK, Ddot_agg) of token (i, j), from the full distributions."""
+    """(log pi(y), KL_topK, TV_topK, Ddot_agg, H(pi)) of token (i, j), from the full
+    distributions."""
     logp_all = torch.log_softmax(logits[i, j], -1)
     pi = logp_all.exp()
     mu = mu_full[i, j].exp()
@@ -52,7 +53,8 @@ def _token_values(logits, sampled, top_ids, mu_full, i, j):
     ddot = float(pi[k]) - float(mu[k])
     ddot += sum(float(pi[s]) * (float(mu[s]) - float(pi[s])) for s in support)
     ddot += pi_tail * (mu_tail - pi_tail)
-    return logp_all[k], kl, tv, ddot
+    entropy = -(logp_all.exp() * logp_all).sum()
+    return logp_all[k], kl, tv, ddot, entropy
 
 
 def _run(name, case, **params):
@@ -64,7 +66,8 @@ def _run(name, case, **params):
 
 
 def _reference(case, token_loss_and_mask):
-    """Token-mean loss of ``token_loss_and_mask(i, j, logp, kl, tv, ddot) -> (loss, masked)``,
+    """Token-mean loss of ``token_loss_and_mask(i, j, logp, kl, tv, ddot, entropy) -> (loss,
+    masked)``,
     its gradient on the logits, and the mask."""
     logits, sampled, ids, _, mu_k, adv, valid, mu_full = case
     z = logits.clone().requires_grad_(True)
@@ -75,8 +78,7 @@ def _reference(case, token_loss_and_mask):
         for j in range(t):
             if not valid[i, j]:
                 continue
-            logp, kl, tv, ddot = _token_values(z, sampled, ids, mu_full, i, j)
-            loss, masked = token_loss_and_mask(i, j, logp, kl, tv, ddot)
+            loss, masked = token_loss_and_mask(i, j, *_token_values(z, sampled, ids, mu_full, i, j))
             mask[i, j] = masked
             total = total + loss
     total = total / int(valid.sum())
@@ -107,7 +109,7 @@ def test_k3_penalty_equals_the_reference_and_acts_on_clipped_tokens(beta):
     eps_low, eps_high = 0.2, 0.28
     margins = []
 
-    def token(i, j, logp, kl, tv, ddot):
+    def token(i, j, logp, kl, tv, ddot, entropy):
         log_r = logp - mu_k[i, j]
         r = float(log_r.detach().exp())
         a = float(adv[i, j])
@@ -137,7 +139,7 @@ def test_asym_pdm_equals_the_reference(neg_scale):
     delta = 0.12
     margins = []
 
-    def token(i, j, logp, kl, tv, ddot):
+    def token(i, j, logp, kl, tv, ddot, entropy):
         a = float(adv[i, j])
         threshold = delta if a > 0 else neg_scale * delta
         margins.extend([abs(kl - threshold), abs(ddot)])
@@ -176,7 +178,7 @@ def test_seq_tv_masks_whole_responses_as_the_reference():
         margins.extend([abs(mean_tv - delta), abs(s - 1)])
         out_of_region[i] = mean_tv > delta and a * (s - 1) > 0
 
-    def token(i, j, logp, kl, tv, ddot):
+    def token(i, j, logp, kl, tv, ddot, entropy):
         masked = out_of_region[i]
         r = torch.exp(logp - mu_k[i, j])
         return (0.0 if masked else -r * float(adv[i, j])), masked
@@ -200,33 +202,23 @@ def test_ent_bonus_is_minus_beta_grad_entropy_on_the_tokens_pdm_agg_masks(beta):
     logits, sampled, ids, _, mu_k, adv, valid, mu_full = case
     delta = 0.1
     margins, masked_entropy = [], []
-    z = logits.clone().requires_grad_(True)
-    b, t = valid.shape
-    ref_mask = torch.zeros(b, t, dtype=torch.bool)
-    total = torch.zeros((), dtype=torch.float64)
-    for i in range(b):
-        for j in range(t):
-            if not valid[i, j]:
-                continue
-            logp, kl, _, ddot = _token_values(z, sampled, ids, mu_full, i, j)
-            a = float(adv[i, j])
-            margins.extend([abs(kl - delta), abs(ddot)])
-            masked = kl > delta and a * ddot > 0
-            ref_mask[i, j] = masked
-            if masked:
-                entropy = _entropy(z[i, j])
-                masked_entropy.append(float(entropy))
-                total = total - beta * entropy
-            else:
-                total = total - torch.exp(logp - mu_k[i, j]) * a
+
+    def token(i, j, logp, kl, tv, ddot, entropy):
+        a = float(adv[i, j])
+        margins.extend([abs(kl - delta), abs(ddot)])
+        masked = kl > delta and a * ddot > 0
+        if masked:
+            masked_entropy.append(float(entropy))
+            return -beta * entropy, masked
+        return -torch.exp(logp - mu_k[i, j]) * a, masked
+
+    ref = _reference(case, token)
     n_valid = int(valid.sum())
-    total = total / n_valid
-    total.backward()
     res, grad = _run("ent-bonus", case, delta=delta, beta=beta)
     assert min(margins) > 1e-9
-    _check(res, grad, (total.detach(), z.grad, ref_mask))
+    _check(res, grad, ref)
     # Token by token: a masked token's logits move along -beta grad H, nothing else.
-    for i, j in ref_mask.nonzero().tolist():
+    for i, j in ref[2].nonzero().tolist():
         row = logits[i, j].clone().requires_grad_(True)
         (grad_h,) = torch.autograd.grad(_entropy(row), row)
         torch.testing.assert_close(grad[i, j], -beta * grad_h / n_valid, rtol=1e-10, atol=1e-15)
