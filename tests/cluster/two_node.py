@@ -28,18 +28,11 @@ from pathlib import Path
 
 from pdmask.loopback import LOOPBACK, free_port
 from pdmask.orchestration.local_ray import LOOPBACK_ENV
+from pdmask.orchestration.ray_jobs_local import NODE_PORT_FLAGS
 from tests.cluster.conftest import _descendants, stop_by_pid
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120.0
-NODE_PORTS = (
-    "--dashboard-agent-listen-port",
-    "--dashboard-agent-grpc-port",
-    "--metrics-export-port",
-    "--runtime-env-agent-port",
-    "--node-manager-port",
-    "--object-manager-port",
-)
 
 
 @dataclass
@@ -94,7 +87,7 @@ def _spawn(cmd: list[str], env: dict[str, str], prefix: str, **extra) -> Started
 def start_head(token: str | None, num_cpus: int = 1) -> Started:
     gcs, dash = free_port(), free_port()
     ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port()}
-    ports.update({flag: free_port() for flag in NODE_PORTS})
+    ports.update({flag: free_port() for flag in NODE_PORT_FLAGS})
     cmd = [
         str(BIN / "ray"),
         "start",
@@ -127,7 +120,7 @@ def start_worker(head: Started, token: str | None) -> Started:
         "--resources=" + json.dumps({"pdm_worker_node": 1}),
         f"--object-store-memory={256 * 1024 * 1024}",
         "--temp-dir={folder}",
-        *(f"{flag}={free_port()}" for flag in NODE_PORTS),
+        *(f"{flag}={free_port()}" for flag in NODE_PORT_FLAGS),
     ]
     return _spawn(cmd, ray_env(token), "pdmw")
 

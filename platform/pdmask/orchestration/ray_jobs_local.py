@@ -36,10 +36,8 @@ from pdmask.orchestration.local_ray import LOOPBACK_ENV, RAY_ENV
 LOGICAL_CPUS = 16  # verl's transfer queue and agent loops hold one logical CPU per actor
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
 START_TIMEOUT_S = 120.0
-PORT_FLAGS = (
-    "--port",
-    "--dashboard-port",
-    "--ray-client-server-port",
+# Every port a Ray node opens (a joining node opens these too), then the head's own.
+NODE_PORT_FLAGS = (
     "--dashboard-agent-listen-port",
     "--dashboard-agent-grpc-port",
     "--metrics-export-port",
@@ -47,6 +45,7 @@ PORT_FLAGS = (
     "--node-manager-port",
     "--object-manager-port",
 )
+PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", *NODE_PORT_FLAGS)
 
 
 def _proc_stat(pid: int) -> list[str] | None:
