@@ -109,6 +109,17 @@ class Watchdog:
     def stall_bound(self) -> float:
         return max(self.bounds.stall_seconds, self.bounds.stall_steps * self._longest_interval)
 
+    def cause(self) -> str | None:
+        """What the probe finds wrong now, or None; asked when the work failed on its own, so
+        that the failure names its cause (a dead vLLM engine) whichever side noticed it first.
+        Best effort: a probe that cannot answer leaves the failure's own account."""
+        if self.probe is None:
+            return None
+        try:
+            return self.probe() or None
+        except Exception:
+            return None
+
     def fault(self) -> str | None:
         """Why the work must end now, or None."""
         if self.probe is not None:

@@ -120,3 +120,48 @@ def test_a_fault_ends_the_process_with_the_run_failed_and_the_reason_tagged(tmp_
     assert run.info.status == "FAILED"
     assert run.data.tags[WATCHDOG_TAG].startswith("stalled:")
     assert run.data.tags["pdm.failure_reason"] == run.data.tags[WATCHDOG_TAG]
+
+
+def _failed_run(tmp_path, monkeypatch, cause):
+    """A job's run after ``failure_marked(cause)`` saw the trainer raise."""
+    import mlflow
+    import pytest
+
+    from pdmask.backends.verl import tracking
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(uri)
+    run = client.create_run(client.create_experiment("w", artifact_location=str(tmp_path / "a")))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("MLFLOW_RUN_ID", run.info.run_id)
+    with pytest.raises(RuntimeError), tracking.failure_marked(cause):
+        raise RuntimeError("replay buffer: no batch (its rollout raised)")
+    return client.get_run(run.info.run_id)
+
+
+def test_a_trainer_failure_after_an_engine_death_names_the_engine(tmp_path, monkeypatch):
+    """verl's own error after an engine dies depends on where its loop was; the watchdog's
+    probe, asked when the trainer fails, names the cause whichever side noticed first."""
+    dead = "vLLM engine failed: vLLM's engine core is dead (EngineDeadError)"
+    dog = JobWatchdog(Bounds(100.0, 50.0), lambda: [], lambda reason: None)
+    dog.probe = lambda: dead
+    run = _failed_run(tmp_path, monkeypatch, dog.cause)
+    assert run.info.status == "FAILED"
+    assert run.data.tags[WATCHDOG_TAG] == f"{dead} (found when the trainer failed)"
+    assert "replay buffer: no batch" in run.data.tags["pdm.failure_reason"]
+
+
+def test_a_trainer_failure_with_healthy_engines_or_a_failing_probe_is_its_own(
+    tmp_path, monkeypatch
+):
+    dog = JobWatchdog(Bounds(100.0, 50.0), lambda: [], lambda reason: None)
+    assert dog.cause() is None  # no servers yet: nothing is wrong with them
+
+    def unreachable():
+        raise ConnectionError("the server actor does not answer")
+
+    dog.probe = unreachable
+    assert dog.cause() is None
+    run = _failed_run(tmp_path, monkeypatch, dog.cause)
+    assert run.info.status == "FAILED" and WATCHDOG_TAG not in run.data.tags
+    assert "replay buffer: no batch" in run.data.tags["pdm.failure_reason"]

@@ -356,7 +356,7 @@ class JobRunner:
     def _settle(self, job: TrialJob, view: JobView) -> None:
         run_id = view.run_id or job.run_id
         job.run_id = run_id
-        self._keep_log(job, view)
+        log = self._keep_log(job, view)
         if view.status == "SUCCEEDED":
             problem = self._settle_success(run_id)
             if problem is None:
@@ -365,21 +365,21 @@ class JobRunner:
                 return
             self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {problem}")
         else:
-            reason = self.cluster.failure_reason(view)
-            ended_by = take_watchdog_reason(self.client, run_id)
-            ended_by = ended_by and f"ended by the job's watchdog: {ended_by}"
-            self._fail(job, f"{ended_by}\n{reason}" if ended_by else reason)
+            reason = self.cluster.failure_reason(view, log)
+            cause = take_watchdog_reason(self.client, run_id)
+            cause = cause and f"the job's watchdog: {cause}"
+            self._fail(job, f"{cause}\n{reason}" if cause else reason)
 
-    def _keep_log(self, job: TrialJob, view: JobView) -> None:
-        """The ended job's driver log: appended to the trial's log in the state folder and
-        logged as its run's artifact (``trial_logs``), best effort."""
+    def _keep_log(self, job: TrialJob, view: JobView) -> str | None:
+        """The ended job's driver log, returned, appended to the trial's log in the state folder
+        and logged as its run's artifact (``trial_logs``), best effort."""
         from pdmask.orchestration import trial_logs
 
         if self.cluster is None:  # settling from MLflow alone (no cluster to ask)
-            return
+            return None
         text = self.cluster.driver_log(view.submission_id)
         if text is None:
-            return
+            return None
         trial = job.trial
         attempt = view.submission_id.rsplit("-a", 1)[-1]
         source = f"Ray job {view.submission_id} {view.status}, fetched {time.strftime('%Y-%m-%dT%H:%M:%S')}"
@@ -394,9 +394,10 @@ class JobRunner:
             self.console.print(
                 f"[yellow]could not keep the log of {view.submission_id}: {err}[/yellow]"
             )
-            return
+            return text
         if job.run_id:
             trial_logs.upload(self.client, job.run_id, path)
+        return text
 
     def _settle_success(self, run_id: str | None) -> str | None:
         """None when the run is (now) FINISHED; otherwise what is wrong with it."""

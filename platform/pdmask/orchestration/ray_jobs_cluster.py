@@ -8,6 +8,7 @@ submitting machine needs no Ray node and no open GCS port, only the dashboard's 
 from __future__ import annotations
 
 import json
+import re
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +19,22 @@ from pdmask.errors import ConfigError
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})
 TAIL_LINES = 40
 TAIL_CHARS = 4000  # pdm.failure_reason is an MLflow tag: keep it well inside the tag limit
+
+
+# A Python exception's summary line, as a traceback ends (``ValueError: ...``), also when Ray
+# prefixes a worker's line with its actor, e.g. ``(TaskRunner pid=12) RuntimeError: ...``.
+_EXCEPTION_LINE = re.compile(
+    r"^(?:\(\S+ pid=\d+(?:, ip=\S+)?\)\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?:\(.*?\))?:.*)$"
+)
+EXCEPTION_CHARS = 300
+
+
+def last_exception(log: str) -> str | None:
+    """The last exception summary line in a job's log, or None."""
+    for line in reversed(log.splitlines()):
+        if match := _EXCEPTION_LINE.match(line.strip()):
+            return match.group(1)[:EXCEPTION_CHARS]
+    return None
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,22 @@ class JobView:
             exit_code=getattr(info, "driver_exit_code", None),
             error_type=str(info.error_type) if getattr(info, "error_type", None) else None,
         )
+
+
+def describe_failure(job: JobView, log: str) -> str:
+    """Why a job failed: its status, exit code, Ray's message and the log's last exception on
+    the first line (what the console shows), then the log's last lines."""
+    head = f"Ray job {job.submission_id} {job.status}"
+    if job.exit_code is not None:
+        head += f" (exit code {job.exit_code})"
+    message = job.message.partition("last available logs")[0]
+    head += f": {message.strip().rstrip(',')}"
+    if error := last_exception(log):
+        head += f"; last exception: {error}"
+    head = head[: TAIL_CHARS // 4] + "\n--- log tail ---\n"
+    tail = "\n".join(log.rstrip().splitlines()[-TAIL_LINES:])
+    room = TAIL_CHARS - len(head)  # the end of a traceback is the informative part
+    return head + (tail if len(tail) <= room else "..." + tail[-(room - 3) :])
 
 
 class JobCluster:
@@ -102,26 +135,15 @@ class JobCluster:
         except Exception:
             return None
 
-    def failure_reason(self, job: JobView) -> str:
-        """Why a job failed: its status, exit code and Ray's message, then its log's last lines."""
-        head = f"Ray job {job.submission_id} {job.status}"
-        if job.exit_code is not None:
-            head += f" (exit code {job.exit_code})"
-        message, _, logs = job.message.partition("last available logs")
-        if not logs:  # Ray keeps a log tail in the message of entrypoint failures only
-            try:
-                logs = self.client.get_job_logs(job.submission_id)
-            except Exception as err:  # a lost log must not hide the failure itself
-                logs = f"(log unavailable: {err})"
-        else:
-            logs = logs.partition("\n")[2]
-        tail = "\n".join(logs.rstrip().splitlines()[-TAIL_LINES:])
-        text = f"{head}: {message.strip().rstrip(',')}\n--- log tail ---\n{tail}"
-        return (
-            text
-            if len(text) <= TAIL_CHARS
-            else head + ": ...\n" + text[-(TAIL_CHARS - len(head) - 6) :]
-        )
+    def failure_reason(self, job: JobView, log: str | None = None) -> str:
+        """``describe_failure`` of the job; ``log`` is its driver log when the caller has it:
+        Ray's message holds only a truncated copy of the log's end."""
+        copy = job.message.partition("last available logs")[2]
+        if log is None and copy:
+            log = copy.partition("\n")[2]
+        if log is None:
+            log = self.driver_log(job.submission_id) or "(log unavailable)"
+        return describe_failure(job, log)
 
     # ---------------------------------------------------------------- GPUs
     def node_gpus(self) -> list[float]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from omegaconf import OmegaConf
@@ -29,6 +29,7 @@ from omegaconf import OmegaConf
 from pdmask.backends.verl.checks import config_value
 from pdmask.errors import TrackingError
 from pdmask.registry.backends import VERL
+from pdmask.watchdog import WATCHDOG_TAG
 
 FAILURE_TAG = "pdm.failure_reason"
 CONFIG_ARTIFACT = "verl_config.yaml"
@@ -222,13 +223,20 @@ def mark_failed(reason: str, extra_tags: dict[str, str] | None = None) -> None:
 
 
 @contextmanager
-def failure_marked() -> Iterator[None]:
-    """Re-raises whatever happens inside, after marking the job's run FAILED."""
+def failure_marked(cause: Callable[[], str | None] | None = None) -> Iterator[None]:
+    """Re-raises whatever happens inside, after marking the job's run FAILED.
+
+    ``cause`` (the job watchdog's ``cause``) is asked first: when it names one (a vLLM engine
+    found dead), that is recorded as the watchdog's reason, which the sweep puts first in the
+    attempt's failure. verl's own error after an engine death depends on where its loop was
+    (a rollout, a weight sync, the replay buffer): the root cause must not."""
     try:
         yield
     except BaseException as exc:
+        found = cause() if cause is not None else None
+        extra = {WATCHDOG_TAG: f"{found} (found when the trainer failed)"} if found else None
         try:
-            mark_failed("".join(traceback.format_exception(exc)))
+            mark_failed("".join(traceback.format_exception(exc)), extra_tags=extra)
         except Exception:  # never hide the job's own error behind a tracking error
             traceback.print_exc()
         raise

@@ -47,8 +47,15 @@ class PDMTrainerSync(PPOTrainerSync):
 
     _watchdog: watchdog.JobWatchdog | None = None
 
+    def _failure_cause(self) -> str | None:
+        """On a failure, what the watchdog finds wrong now (see ``tracking.failure_marked``)."""
+        if self._watchdog is None:
+            return None
+        self._watchdog.stop()  # one account of the failure: this one
+        return self._watchdog.cause()
+
     def init(self):
-        with tracking.failure_marked():
+        with tracking.failure_marked(self._failure_cause):
             bounds = Bounds.from_env()
             if bounds is not None:  # before verl's set-up: the first weight sync happens in it
                 self._watchdog = watchdog.JobWatchdog(
@@ -57,7 +64,7 @@ class PDMTrainerSync(PPOTrainerSync):
             super().init()
 
     def fit(self, agent_loop_manager):
-        with tracking.failure_marked():
+        with tracking.failure_marked(self._failure_cause):
             super().fit(agent_loop_manager)
         if self._watchdog is not None:
             self._watchdog.stop()
