@@ -3,16 +3,18 @@ included. One sweep (the expensive part: a Ray head, vLLM engines, verl jobs) fe
 
 Real: a Ray head pdmask starts on loopback, verl 0.9.1's ``main_ppo`` as Ray jobs, vLLM's CPU
 build serving rollouts through pdmask's top-K server, verl's FSDP2 engine with pdmask's logits
-hook and losses, a sqlite MLflow store, the figure. Three trials, each job start paid once: the
-sweep's two methods with mu from vLLM's rollout, and a method that exists only as a recipe file
-(the job carries it to the workers) with mu recomputed by the trainer, in place of the sweep's
-``pdm-agg`` recompute trial (the mu source does not depend on the method). Two trials meet a fault
-once their first step is logged (``faults.py``):
+hook and losses, a sqlite MLflow store, the figure. Three trials, each job start paid once:
+``pdm-agg`` and ``ent-bonus`` (in place of the sweep's ``dppo-topk-kl``, the same code path as
+pdm-agg's with another direction test: ent-bonus's exact entropy and its gradient come out of the
+logits hook and reach the model) with mu from vLLM's rollout, and a method that exists only as a
+recipe file (the job carries it to the workers) with mu recomputed by the trainer, in place of
+the sweep's ``pdm-agg`` recompute trial (the mu source does not depend on the method). Two
+trials meet a fault once their first step is logged (``faults.py``):
 
 - ``pdm-agg`` (mu from the rollout): its job is stopped through Ray's job API, as an operator or
   a node failure would; pdmask marks the attempt failed, resubmits it as attempt 2, verl resumes
   from a checkpoint into the same MLflow run, and every metric has every step exactly once;
-- ``dppo-topk-kl``: its vLLM engine core is SIGKILLed; the job must end within a bound (the job's
+- ``ent-bonus``: its vLLM engine core is SIGKILLed; the job must end within a bound (the job's
   watchdog, ``backends/verl/watchdog.py``, or verl's own error), the engine's failure named in the
   attempt's reason, and attempt 2 finishes the trial the same way.
 
@@ -43,7 +45,8 @@ from .listening import ListenWatch, listening_now
 SWEEP = "verl-smoke"
 CARRIED = "hard-topk-kl"
 STEPS = 3  # a fault lands after step 1; two more steps leave the retry something to resume
-FAULTS = {"pdm-agg": "stop", "dppo-topk-kl": "engine"}
+NEW_METHOD = "ent-bonus"  # issue 24's recipe whose loss needs the hook's differentiable entropy
+FAULTS = {"pdm-agg": "stop", NEW_METHOD: "engine"}
 # The sweep's own bound: 3 trials and 2 retries, ~2-5 min each on 2 loaded cores.
 SWEEP_TIMEOUT_S = 2400
 # A job whose engine died ends within the watchdog's poll (10 s) plus a server round trip and
@@ -80,6 +83,7 @@ def _project(tmp_path_factory, tiny_cache):
             f"    - method: [{CARRIED}]\n      model: [qwen3-tiny]\n      precision: [bf16]\n"
             "      delta: [0.15]\n      mu_source: [recompute]\n",
         ),
+        ("    - method: [dppo-topk-kl, pdm-agg]\n", f"    - method: [{NEW_METHOD}, pdm-agg]\n"),
         ("\nsteps: 2\n", f"\nsteps: {STEPS}\n"),
         ("\nretries: 1\n", "\nretries: 1\n"),
     ):
@@ -148,11 +152,9 @@ def test_every_trial_finishes_with_one_run_and_the_figure(smoke):
     assert not smoke["injector_errors"], smoke["injector_errors"]
     assert sorted(smoke["injected"]) == ["engine", "stop"], "both faults were injected"
     runs = _runs(smoke)
-    assert sorted(runs) == [
-        ("dppo-topk-kl", "rollout"),
-        (CARRIED, "recompute"),
-        ("pdm-agg", "rollout"),
-    ]
+    assert sorted(runs) == sorted(
+        [(NEW_METHOD, "rollout"), (CARRIED, "recompute"), ("pdm-agg", "rollout")]
+    )
     assert all(r.info.status == "FINISHED" for r in runs.values())
     figure = smoke["project"] / ".pdm" / "figures" / SWEEP / SWEEP / f"{SWEEP}.png"
     assert figure.exists(), out[-3000:]
@@ -181,6 +183,10 @@ def test_each_trial_trained_something_and_logged_every_step_once(smoke):
         assert any(v > 0 for _, v in _history(client, run, "actor/grad_norm")), name
         missing = [v for _, v in _history(client, run, "actor/pdm/topk_missing_frac")]
         assert missing == [0.0] * STEPS, f"{name}: tokens without a top-K {missing}"
+        if method == NEW_METHOD:  # its loss ran on verl: the recipe's own metric, every step
+            entropy = _history(client, run, "actor/pdm/recipe/masked_entropy")
+            assert [s for s, _ in entropy] == list(range(1, STEPS + 1)), f"{name}: {entropy}"
+            assert all(v >= 0 for _, v in entropy), f"{name}: {entropy}"
 
 
 def test_mu_and_pi_agree_on_the_first_minibatch(smoke):
