@@ -7,7 +7,8 @@
     │                             its file, hook and line); at training time too, never retried
     ├── TrackingError             the MLflow store cannot be read or is incompatible; exit 2
     ├── BackendUnavailable        a backend's optional dependencies are missing; exit 2
-    ├── ClusterLost               the sweep's Ray cluster lost its nodes mid-sweep; exit 1;
+    ├── ClusterLost               the sweep's Ray cluster lost its nodes mid-sweep, or its job
+    │                             API stopped answering for longer than the bound; exit 1;
     │                             resumable by running the same command again
     ├── StoreLost                 a trial could not record its own failure (its store cannot be
     │                             written: disk full, state folder gone); exit 2, not retried
@@ -128,7 +129,8 @@ class BackendUnavailable(PdmError):
 
 
 class ClusterLost(PdmError):
-    """The Ray cluster a sweep runs on has no live node (or no CPU) left: nothing can train."""
+    """The Ray cluster a sweep runs on has no live node (or no CPU) left, or its job API has not
+    answered for ``PDM_CLUSTER_UNREACHABLE_SECONDS``: nothing can train, or nothing can be seen."""
 
     exit_code = 1
 

@@ -17,7 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.conftest import ONE_MACHINE, env_for, pdm_cmd, sweep_runs
+from tests.cluster.conftest import (
+    ONE_MACHINE,
+    _descendants,
+    env_for,
+    pdm_cmd,
+    ray_head_process,
+    stop_by_pid,
+    sweep_runs,
+)
 
 pytest.importorskip("verl")
 pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
@@ -148,7 +156,8 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
 
 
 def test_interrupted_sweep_attaches_to_running_jobs(ray_head, project):
-    """Ctrl-C detaches (the jobs keep running); the next invocation attaches, never resubmits."""
+    """SIGTERM detaches like Ctrl-C (exit 130, the jobs keep running); the next invocation
+    attaches, never resubmits."""
     write_sweep(project, "attach", ["pdm-agg"], seeds=2)
     release = project / "release"
     env = standin_env(project, {"pdm_agg": [{"result": "ok", "wait_for": str(release)}]})
@@ -163,9 +172,10 @@ def test_interrupted_sweep_attaches_to_running_jobs(ray_head, project):
         assert line or first.poll() is None, "".join(lines)
         assert time.time() < deadline, "".join(lines)
         lines.append(line)
-    first.send_signal(signal.SIGINT)
+    first.send_signal(signal.SIGTERM)  # a scheduler's or an operator's stop (SIGINT: the same)
     rest, _ = first.communicate(timeout=60)
-    assert first.returncode == 1 and "detached" in rest, "".join(lines) + rest
+    assert first.returncode == 130, "".join(lines) + rest
+    assert "detached: 2 job(s) keep running on the cluster" in rest, "".join(lines) + rest
 
     second = subprocess.Popen(
         cmd, env=env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -187,6 +197,54 @@ def test_interrupted_sweep_attaches_to_running_jobs(ray_head, project):
         r[0].info.status == "FINISHED" and r[0].data.tags["pdm.attempts"] == "1"
         for r in runs.values()
     )
+
+
+def test_a_lost_head_ends_the_sweep_within_the_bound_with_the_command_to_resume(project):
+    """The head dies mid-sweep: a line per retry, then exit 1 within the bound, one error line
+    that names the job API and the command to run again, no traceback. A bound that is not a
+    number of seconds is refused before any job."""
+    write_sweep(project, "lost", ["pdm-agg"])
+    release = project / "release"  # never created: the job runs until the head dies
+    env = standin_env(project, {"pdm_agg": [{"result": "ok", "wait_for": str(release)}]})
+    bound_s = 8
+    with ray_head_process() as head:
+        cmd = pdm_cmd("sweep", "lost", "--address", head.address, *ONE_MACHINE, "--no-figures")
+        refused = run_pdm(project, {**env, "PDM_CLUSTER_UNREACHABLE_SECONDS": "soon"}, *cmd[3:])
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "PDM_CLUSTER_UNREACHABLE_SECONDS must be a positive number" in refused.stderr
+        assert cluster_jobs(head.address, "lost") == {}, "refused before any job"
+
+        env["PDM_CLUSTER_UNREACHABLE_SECONDS"] = str(bound_s)
+        sweep = subprocess.Popen(
+            cmd, env=env, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        lines: list[str] = []
+        deadline = time.time() + START_S
+        while not any("submitted pdm-lost-" in line for line in lines):
+            line = sweep.stdout.readline()
+            assert line or sweep.poll() is None, "".join(lines) + sweep.stderr.read()
+            assert time.time() < deadline, "".join(lines)
+            lines.append(line)
+        stop_by_pid(_descendants(head.process.pid))  # the head and its jobs, as a lost node
+        lost_at = time.time()
+        out, err = sweep.communicate(timeout=120)
+        took = time.time() - lost_at
+    out = "".join(lines) + out
+    assert sweep.returncode == 1, out + err
+    assert "Traceback" not in out + err, out + err
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, err
+    assert f"the Ray job API at {head.address} has not answered for" in errors[0]
+    resume = f"pdm sweep lost --address {head.address} --insecure --skip-cluster-check"
+    assert f"`{resume} --no-figures` attaches to the jobs still running" in errors[0], errors[0]
+    retries = [line for line in out.splitlines() if "does not answer" in line]
+    # One line per round: the job's poll and the admission share the round's line.
+    assert 2 <= len(retries) <= bound_s / 0.5 + 2, retries
+    assert all("giving up in" in line for line in retries), retries
+    # The bound, plus a poll, the job API's own connection timeouts and the interpreter's exit.
+    assert took <= bound_s + 60, f"the sweep ended {took:.0f} s after its head died"
+    assert "sweep lost: Ray jobs" in out, "the summary is printed before the error"
+    print(f"head lost: exit 1 {took:.0f} s later, after {len(retries)} retry lines; {errors[0]}")
 
 
 def test_duplicate_submission_id_attaches_and_failure_keeps_log_tail(ray_head):

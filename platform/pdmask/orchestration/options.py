@@ -9,6 +9,8 @@ sqlite MLflow store of the state folder. `pdm sweep` maps its flags one to one o
 
 from __future__ import annotations
 
+import shlex
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -61,3 +63,20 @@ class SweepOptions(BaseModel):
     figures: bool = Field(
         True, description="Build the sweep's figures once every trial has finished."
     )
+
+    def command(self, sweep: str) -> str:
+        """The ``pdm sweep`` command line that runs ``sweep`` with these options (what to run
+        again to resume), passwords in a tracking URI replaced."""
+        from pdmask.tracking.store import redact
+
+        words = ["pdm", "sweep", sweep]
+        for name, field in type(self).model_fields.items():
+            value = getattr(self, name)
+            if value == field.default:
+                continue
+            flag = "--" + name.replace("_", "-")
+            if isinstance(value, bool):
+                words.append(flag if value else f"--no-{name.replace('_', '-')}")
+            else:
+                words += [flag, redact(str(value)) if name == "tracking_uri" else str(value)]
+        return shlex.join(words)

@@ -23,7 +23,10 @@ Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
    (tagged ``pdm.finished_by``) when the run has metrics, else a failed attempt.
    Every ended job's driver log (Jobs API) is appended to the trial's log in the state folder
    and logged as its run's artifact (``trial_logs.py``).
-6. Ctrl-C detaches: the jobs keep running on the cluster; the same command attaches again.
+6. Ctrl-C, SIGTERM and SIGHUP detach (exit 130): the jobs keep running on the cluster; the same
+   command attaches again. A job API that does not answer is retried, a line per round, for
+   ``PDM_CLUSTER_UNREACHABLE_SECONDS`` (180 s); then the sweep ends (``ClusterLost``, exit 1)
+   with the command that resumes it.
 
 On a CPU cluster profile (``this-machine``) with no ``--address`` pdmask starts a Ray head on this
 machine's loopback for the sweep and stops it at the end (``ray_jobs_local``): the jobs are then
@@ -33,8 +36,11 @@ stopped with it, and the next invocation resumes them from their checkpoints.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import dataclass, field
+
+from rich.markup import escape
 
 from pdmask.backends.verl.jobs import (
     job_spec,
@@ -45,17 +51,26 @@ from pdmask.backends.verl.jobs import (
 )
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.console import table
-from pdmask.errors import ConfigError, ValidationFailed
+from pdmask.errors import ClusterLost, ConfigError, ValidationFailed
+from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
 from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.ray_jobs_checks import (
+    UNREACHABLE_ENV,
+    UNREACHABLE_SECONDS,
     build_all,
     check_data,
     check_fit,
     poll_seconds,
     require_cluster_check,
+    unreachable_seconds,
     unshared_settings,
 )
-from pdmask.orchestration.ray_jobs_cluster import JobCluster, JobView
+from pdmask.orchestration.ray_jobs_cluster import (
+    ClusterUnreachable,
+    JobCluster,
+    JobView,
+    headline,
+)
 from pdmask.registry import CLUSTERS, Trial
 from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
 from pdmask.tracking.runs import take_watchdog_reason, with_retry
@@ -104,6 +119,8 @@ def run_job_sweep(
             "list the points as a grid"
         )
     settings = JobSettings.from_env()
+    for bound in (poll_seconds, unreachable_seconds):  # refused before any job or head
+        bound()
     # An address is a cluster pdm did not start here: what its nodes cannot share is refused.
     prove = bool(address) and not options.skip_cluster_check
     unshared = unshared_settings(uri, settings, cluster_name) if prove else []
@@ -135,7 +152,16 @@ def run_job_sweep(
 
     with LocalRayHead(num_gpus=CLUSTERS[cluster_name].gpus, log=console.print) as head:
         return _run_on(
-            head.address, reg, sweep, trials, options, jobs, cluster_name, settings, **context
+            head.address,
+            reg,
+            sweep,
+            trials,
+            options,
+            jobs,
+            cluster_name,
+            settings,
+            local_head=True,
+            **context,
         )
 
 
@@ -154,8 +180,10 @@ def _run_on(
     experiment_id,
     tags,
     console,
+    local_head: bool = False,
 ) -> int:
-    """The sweep's jobs on the Ray cluster at ``address``."""
+    """The sweep's jobs on the Ray cluster at ``address`` (``local_head``: one pdm started)."""
+    unreachable_s = unreachable_seconds()
     cluster = JobCluster(address)
     try:
         node_gpus = cluster.node_gpus()
@@ -168,29 +196,40 @@ def _run_on(
         f"sweep {sweep.name}: {len(jobs)} trials, {len(jobs) - len(todo)} already finished, "
         f"{len(todo)} to run as Ray jobs on {cluster.address} (tracking: {uri})"
     )
-    runner = JobRunner(
-        sweep=sweep,
-        cluster=cluster,
-        cluster_name=cluster_name,
-        settings=settings,
-        client=client,
-        uri=uri,
-        experiment_id=experiment_id,
-        tags=tags,
-        console=console,
-        max_concurrent=options.max_concurrent or sweep.max_concurrent,
-        registry=reg,
-    )
-    runner.adopt(todo)
-    try:
-        runner.run(todo)
-    except KeyboardInterrupt:
-        active = [j.sid for j in todo if j.state == "active"]
-        console.print(
-            f"detached: {len(active)} job(s) keep running on the cluster ({', '.join(active)}); "
-            "run the same command again to attach to them"
+    with handled() as stop:  # SIGINT, SIGTERM, SIGHUP: return at the next round
+        runner = JobRunner(
+            sweep=sweep,
+            cluster=cluster,
+            cluster_name=cluster_name,
+            settings=settings,
+            client=client,
+            uri=uri,
+            experiment_id=experiment_id,
+            tags=tags,
+            console=console,
+            max_concurrent=options.max_concurrent or sweep.max_concurrent,
+            registry=reg,
+            stop=stop.event,
+            unreachable_s=unreachable_s,
+            resume_command=options.command(sweep.name),
         )
-        return 1
+        runner.adopt(todo)
+        try:
+            runner.run(todo)
+        except ClusterLost:
+            _summary(console, sweep, jobs, done, uri)
+            raise
+    if stop.requested:
+        active = [j.sid for j in todo if j.state == "active"]
+        ids = ", ".join(active)
+        console.print(
+            f"interrupted: {len(active)} job(s) stop with the local Ray head ({ids}); the same "
+            "command resumes them from their checkpoints"
+            if local_head
+            else f"detached: {len(active)} job(s) keep running on the cluster ({ids}); the same "
+            "command attaches to them"
+        )
+        return EXIT_INTERRUPTED
     _summary(console, sweep, jobs, done, uri)
     failed = [j for j in todo if j.state != "finished"]
     figures_failed = 0
@@ -216,7 +255,12 @@ class JobRunner:
     console: object
     max_concurrent: int | None = None
     registry: object = None  # where the trials' recipes are declared (a job may carry one)
+    # Set by a signal (``interrupts.handled``): the runner returns at its next round.
+    stop: threading.Event = field(default_factory=threading.Event)
+    unreachable_s: float = UNREACHABLE_SECONDS  # how long the job API may be silent
+    resume_command: str = "the same command"  # what to run once the cluster is back
     _waiting_note: str = ""
+    _down_since: float | None = None  # when the job API last stopped answering
 
     # ------------------------------------------------------------ start-up
     def adopt(self, todo: list[TrialJob]) -> None:
@@ -255,28 +299,47 @@ class JobRunner:
 
     # ------------------------------------------------------------ main loop
     def run(self, todo: list[TrialJob]) -> None:
+        """Poll and admit until every job ended or a stop was requested (``self.stop``)."""
         poll = poll_seconds()
-        while any(j.state in ("queued", "active") for j in todo):
-            for job in todo:
-                if job.state == "active":
-                    self._poll(job)
+        while any(j.state in ("queued", "active") for j in todo) and not self.stop.is_set():
             try:
+                for job in todo:
+                    if job.state == "active":
+                        self._poll(job)
                 self._admit(todo)
-            except OSError as err:  # the dashboard is briefly unreachable: try again next round
-                self.console.print(f"[yellow]admission skipped this round: {err}[/yellow]")
+            except ClusterUnreachable as err:  # a dashboard restart, a network blip, a lost head
+                self._unreachable(err, poll)
+            else:
+                self._down_since = None
             if any(j.state in ("queued", "active") for j in todo):
-                time.sleep(poll)
+                self.stop.wait(poll)
+
+    def _unreachable(self, err: ClusterUnreachable, poll: float) -> None:
+        """One line per retry; ``ClusterLost`` once the job API has been silent for the bound."""
+        now = time.monotonic()
+        if self._down_since is None:
+            self._down_since = now
+        silent = now - self._down_since
+        detail = " ".join(str(err).split())[:300]  # one line, however the HTTP library put it
+        if silent >= self.unreachable_s:
+            raise ClusterLost(
+                f"the Ray job API at {self.cluster.address} has not answered for {silent:.0f} s "
+                f"(the bound, {UNREACHABLE_ENV}, is {self.unreachable_s:g} s; last error: "
+                f"{detail}). The trials' runs and checkpoints are kept: once the cluster answers "
+                f"again, `{self.resume_command}` attaches to the jobs still running and resumes "
+                "the others from their checkpoints"
+            )
+        self.console.print(
+            f"[yellow]the Ray job API at {self.cluster.address} does not answer "
+            f"({escape(detail)}); retrying every {poll:g} s, giving up in "
+            f"{self.unreachable_s - silent:.0f} s[/yellow]"
+        )
 
     def _poll(self, job: TrialJob) -> None:
-        try:
-            view = self.cluster.view(job.sid)
-        except Exception as err:
-            if "does not exist" in str(err):  # deleted from the cluster (`ray job delete`)
-                self._fail(job, f"Ray job {job.sid} disappeared from the cluster")
-            else:  # a dashboard restart or a network blip must not end the sweep
-                self.console.print(f"[yellow]cannot read {job.sid} now ({err}); retrying[/yellow]")
-            return
-        if not view.active:
+        view = self.cluster.view(job.sid)  # ClusterUnreachable: ``run`` retries within its bound
+        if view is None:  # deleted from the cluster (`ray job delete`)
+            self._fail(job, f"Ray job {job.sid} disappeared from the cluster")
+        elif not view.active:
             self._settle(job, view)
 
     def _admit(self, todo: list[TrialJob]) -> None:
@@ -430,7 +493,7 @@ class JobRunner:
         if job.run_id:
             TrialRun(self.client, job.run_id, -1, 0, True).fail(reason, final=True)
         job.reason = reason
-        last = reason.strip().splitlines()[0] if reason.strip() else ""
+        last = headline(reason)
         if job.tries_left > 0:
             job.state = "queued"
             self.console.print(
@@ -446,11 +509,7 @@ def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> 
     rows = []
     for job in jobs:
         status = "skipped (finished before)" if job.trial.trial_hash in done else job.state
-        reason = (
-            job.reason.strip().splitlines()[-1][:60]
-            if job.state == "failed" and job.reason.strip()
-            else ""
-        )
+        reason = headline(job.reason)[:120] if job.state == "failed" else ""
         ids = ", ".join(
             submission_id(sweep.name, job.trial.trial_hash, a).rsplit("-", 1)[1]
             for a in sorted(job.attempts)

@@ -10,17 +10,29 @@ from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import Trial
 
 POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
+# How long the job API may not answer before the sweep ends (ClusterLost, exit 1): a dashboard
+# restart or a network blip passes well within it; a lost head does not come back by waiting.
+UNREACHABLE_ENV = "PDM_CLUSTER_UNREACHABLE_SECONDS"
+UNREACHABLE_SECONDS = 180.0
 
 
-def poll_seconds() -> float:
-    raw = os.environ.get("PDM_JOB_POLL_SECONDS", str(POLL_SECONDS))
+def _seconds(env: str, default: float) -> float:
+    raw = os.environ.get(env, str(default))
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise ConfigError(f"PDM_JOB_POLL_SECONDS must be a positive number of seconds, got {raw!r}")
+        raise ConfigError(f"{env} must be a positive number of seconds, got {raw!r}")
     return value
+
+
+def poll_seconds() -> float:
+    return _seconds("PDM_JOB_POLL_SECONDS", POLL_SECONDS)
+
+
+def unreachable_seconds() -> float:
+    return _seconds(UNREACHABLE_ENV, UNREACHABLE_SECONDS)
 
 
 def build_all(

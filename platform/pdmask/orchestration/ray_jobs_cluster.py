@@ -27,6 +27,7 @@ _EXCEPTION_LINE = re.compile(
     r"^(?:\(\S+ pid=\d+(?:, ip=\S+)?\)\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?:\(.*?\))?:.*)$"
 )
 EXCEPTION_CHARS = 300
+LAST_EXCEPTION = "; last exception: "
 
 
 def last_exception(log: str) -> str | None:
@@ -35,6 +36,11 @@ def last_exception(log: str) -> str | None:
         if match := _EXCEPTION_LINE.match(line.strip()):
             return match.group(1)[:EXCEPTION_CHARS]
     return None
+
+
+class ClusterUnreachable(ConnectionError):
+    """The cluster's job API did not answer (refused, timed out, or a dashboard error): the
+    runner retries within its bound, then ends the sweep (``errors.ClusterLost``)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,14 @@ class JobView:
         )
 
 
+def headline(reason: str) -> str:
+    """The one line of a failure reason the console shows: the job's last exception when
+    ``describe_failure`` found one, else the reason's first line (a watchdog's finding, ...)."""
+    first = reason.strip().splitlines()[0] if reason.strip() else ""
+    _, found, exception = first.partition(LAST_EXCEPTION)
+    return exception if found else first
+
+
 def describe_failure(job: JobView, log: str) -> str:
     """Why a job failed: its status, exit code, Ray's message and the log's last exception on
     the first line (what the console shows), then the log's last lines."""
@@ -74,7 +88,7 @@ def describe_failure(job: JobView, log: str) -> str:
     message = job.message.partition("last available logs")[0]
     head += f": {message.strip().rstrip(',')}"
     if error := last_exception(log):
-        head += f"; last exception: {error}"
+        head += f"{LAST_EXCEPTION}{error}"
     head = head[: TAIL_CHARS // 4] + "\n--- log tail ---\n"
     tail = "\n".join(log.rstrip().splitlines()[-TAIL_LINES:])
     room = TAIL_CHARS - len(head)  # the end of a traceback is the informative part
@@ -124,8 +138,16 @@ class JobCluster:
             raise
         return False
 
-    def view(self, submission_id: str) -> JobView:
-        return JobView.of(self.client.get_job_info(submission_id))
+    def view(self, submission_id: str) -> JobView | None:
+        """The job, or None when the cluster no longer knows it (``ray job delete``)."""
+        try:
+            return JobView.of(self.client.get_job_info(submission_id))
+        except OSError as err:  # requests' errors are OSErrors: refused, reset, timed out
+            raise ClusterUnreachable(f"{type(err).__name__}: {err}") from err
+        except RuntimeError as err:  # Ray's client: an HTTP error status
+            if "does not exist" in str(err):
+                return None
+            raise ClusterUnreachable(str(err)[:300]) from err
 
     def driver_log(self, submission_id: str) -> str | None:
         """The job's driver log (its entrypoint's stdout and stderr), or None when the cluster
@@ -159,7 +181,7 @@ class JobCluster:
                 raise_on_missing_output=False,
             )
         except Exception as err:  # Ray's state API raises its own types for network trouble
-            raise ConnectionError(f"cannot list the nodes of {self.address}: {err}") from err
+            raise ClusterUnreachable(f"cannot list the nodes of {self.address}: {err}") from err
         return [
             float((n.resources_total or {}).get("GPU", 0.0)) for n in nodes if n.state == "ALIVE"
         ]

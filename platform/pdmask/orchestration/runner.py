@@ -20,6 +20,7 @@ from typing import Any
 
 from rich.console import Console
 
+from pdmask.console import console as sweep_console
 from pdmask.console import table
 from pdmask.errors import ClusterLost, StoreLost
 from pdmask.orchestration.options import SweepOptions
@@ -64,7 +65,7 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
     from pdmask.registry.backends import Launch, backend_spec
 
     started = time.monotonic()
-    console = Console(highlight=False)
+    console = sweep_console()  # off a terminal: lines as long as they are (CI logs, pipes)
     backend = backend_spec(trials[0].backend if trials else options.backend or sweep.backend)
     if backend.launch is Launch.RAY_JOBS:  # each trial a Ray Job on a cluster
         from pdmask.orchestration.ray_jobs import run_job_sweep
