@@ -1,4 +1,5 @@
-"""How a finished job's outcome is written to its MLflow run (a real sqlite store, no cluster)."""
+"""How a job's run and outcome are written to MLflow (a real sqlite store; the cluster's answers,
+where a test needs one, are given by the test)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import json
 import pytest
 from rich.console import Console
 
+from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.orchestration.ray_jobs import JobRunner, TrialJob
 from pdmask.orchestration.ray_jobs_cluster import JobView
 from pdmask.registry import load_registry
-from pdmask.tracking import TrialRun, ensure_experiment, open_client
+from pdmask.tracking import TrialRun, ensure_experiment, open_client, runs_by_hash
 from tests.cluster.conftest import ROOT
 
 pytestmark = pytest.mark.processes
@@ -92,3 +94,45 @@ def test_success_with_a_failed_run_keeps_the_run_s_reason(store):
     reason = client.get_run(job.run_id).data.tags["pdm.failure_reason"]
     assert job.state == "failed"
     assert "its MLflow run ended FAILED: ValueError: from the trainer" in reason
+
+
+class _SubmittedFirst:
+    """A cluster on which another invocation submitted the attempt first, logging to ``run_id``
+    (the job API refuses the second submission: ``JobCluster.submit`` returns True)."""
+
+    address = "http://127.0.0.1:8265"
+
+    def __init__(self, run_id: str):
+        self.run_id = run_id
+
+    def submit(self, spec, metadata) -> bool:
+        return True
+
+    def view(self, sid: str) -> JobView:
+        return JobView(sid, "RUNNING", self.run_id, "", None, None)
+
+
+def test_two_submitters_of_one_attempt_leave_one_run_and_no_orphan(store, monkeypatch):
+    """Both invocations found no run and created one; the other one's job went in first: ours is
+    deleted and the job's run is the trial's, so no run stays RUNNING without a job."""
+    monkeypatch.setenv("PDM_VERL_CHECKPOINT_DIR", "/shared/ckpt")
+    client, exp = store
+    reg = load_registry(ROOT)
+    sweep, trial = reg.sweeps["main-figure"], reg.expand("main-figure", backend="verl")[3]
+    theirs = TrialRun.start_or_resume(client, exp, trial, {}, log_params=False)
+    runner, out = _runner(client, exp)
+    runner.cluster, runner.sweep, runner.registry = _SubmittedFirst(theirs.run_id), sweep, reg
+    runner.settings = JobSettings.from_env()
+    job = TrialJob(trial, [], 8, tries_left=2)
+    ours = client.create_run(exp, tags={**trial.tags(), "pdm.attempts": "1"})  # the race's run
+    monkeypatch.setattr(
+        TrialRun,
+        "start_or_resume",
+        classmethod(lambda cls, *a, **k: cls(client, ours.info.run_id, -1, 1, resumed=False)),
+    )
+    runner._submit(job)
+    assert job.state == "active" and job.run_id == theirs.run_id
+    assert "submitted by another invocation" in out.getvalue()
+    assert client.get_run(ours.info.run_id).info.lifecycle_stage == "deleted"
+    kept = runs_by_hash(client, exp)[trial.trial_hash]
+    assert [r.info.run_id for r in kept] == [theirs.run_id]

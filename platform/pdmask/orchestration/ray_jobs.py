@@ -410,10 +410,27 @@ class JobRunner:
         except Exception as err:  # the cluster refused it: a failed attempt like any other
             self._fail(job, f"submitting Ray job {sid} failed: {type(err).__name__}: {err}")
             return
+        if attached:
+            self._adopt_their_run(job, run)
         verb = "attached to already submitted" if attached else "submitted"
         self.console.print(
             f"{verb} {sid} ({res['gpus']} GPUs, attempt {attempt}): {job.trial.run_name()}"
         )
+
+    def _adopt_their_run(self, job: TrialJob, ours: TrialRun) -> None:
+        """Another invocation submitted this very attempt between our look and our submission:
+        its job logs into its run. A run we created for the attempt is deleted, so the trial
+        keeps one run and none is left RUNNING with no job."""
+        try:
+            theirs = self.cluster.view(job.sid)
+        except ClusterUnreachable:
+            return  # the next poll settles the job; its run id comes with the view
+        if theirs is None or not theirs.run_id or theirs.run_id == ours.run_id:
+            return
+        if not ours.resumed:
+            with_retry(lambda: self.client.delete_run(ours.run_id))
+        job.run_id = theirs.run_id
+        self.console.print(f"{job.sid} was submitted by another invocation: using its run")
 
     # ------------------------------------------------------------ outcomes
     def _settle(self, job: TrialJob, view: JobView) -> None:
