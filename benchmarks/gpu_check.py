@@ -13,7 +13,9 @@ line on stdout (and in ``OUT/gpu_check.jsonl``) with ``"part"`` and ``"ok"``; ta
 - ``hook`` (b): time and peak memory of verl's engine output path on ~16k packed tokens, with
   and without pdmask's hook (``gpu/hook_memory.py``);
 - ``engine`` (c): two optimizer steps of a Qwen3-0.6B-shaped model through verl's FSDP engine with
-  pdmask's hook and the ``pdm_agg`` loss (``gpu/engine_step.py``).
+  pdmask's hook and the ``pdm_agg`` loss (``gpu/engine_step.py``);
+- ``profile`` (d): pdm-agg's and torch's cross-entropy's fwd+bwd kernel by kernel, under
+  ``torch.profiler`` (``gpu/profile_loss.py``).
 
 Nothing is downloaded: models come from configs, inputs from seeded random numbers.
 """
@@ -29,7 +31,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("loss", "hook", "engine")
+PARTS = ("loss", "hook", "engine", "profile")
 VERL_ENGINE_PARTS = ("hook", "engine")  # they run verl's own log-prob code
 
 
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
     standins = use_standins_if_missing()
     import torch
 
-    from gpu import engine_step, hook_memory, loss_paths
+    from gpu import engine_step, hook_memory, loss_paths, profile_loss
     from gpu.measure import emit, say
 
     device = torch.device(args.device)
@@ -121,6 +123,9 @@ def main(argv=None) -> int:
         ),
         "engine": lambda: engine_step.run(
             device, engine_step.SMALL if args.tiny else engine_step.FULL
+        ),
+        "profile": lambda: profile_loss.run(
+            device, loss_paths.TINY if args.tiny else loss_paths.FULL
         ),
     }
     started = time.perf_counter()

@@ -26,8 +26,10 @@ import triton.language as tl
 # Columns per program step: large enough to keep a GPU's memory system busy, small enough to
 # live in registers (4096 float32 over 8 warps = 16 per thread).
 BLOCK = 4096
-# A finite "minus infinity" for the running maximum: exp(-inf - (-inf)) would be NaN.
-_NEG = -1e30
+WARPS = 8
+# A finite "minus infinity" for the running maximum: exp(-inf - (-inf)) would be NaN. A constexpr:
+# a compiled kernel may read no other kind of global (the interpreter does not check this).
+_NEG = tl.constexpr(-1e30)
 
 
 @triton.jit
@@ -72,7 +74,9 @@ class _FusedLogprob(torch.autograd.Function):
         n, vocab = logits.shape
         logp = torch.empty(n, dtype=torch.float32, device=logits.device)
         lse = torch.empty_like(logp)
-        _forward[(n,)](logits, labels, logp, lse, vocab, logits.stride(0), BLOCK=BLOCK)
+        _forward[(n,)](
+            logits, labels, logp, lse, vocab, logits.stride(0), BLOCK=BLOCK, num_warps=WARPS
+        )  # fmt: skip
         ctx.save_for_backward(logits, labels, lse)
         return logp
 
@@ -91,8 +95,41 @@ class _FusedLogprob(torch.autograd.Function):
             vocab,
             logits.stride(0),
             BLOCK=BLOCK,
+            num_warps=WARPS,
         )
         return grad, None
+
+
+# Each kernel's argument types as Triton's compiler takes them (bf16 logits, int64 labels), for
+# ``compile_for``: the launches above pass the same arguments in the same order.
+SIGNATURES = {
+    "_forward": {
+        "logits_ptr": "*bf16", "labels_ptr": "*i64", "logp_ptr": "*fp32", "lse_ptr": "*fp32",
+        "vocab": "i32", "stride": "i32", "BLOCK": "constexpr",
+    },
+    "_backward": {
+        "logits_ptr": "*bf16", "labels_ptr": "*i64", "lse_ptr": "*fp32", "grad_out_ptr": "*fp32",
+        "grad_ptr": "*bf16", "vocab": "i32", "stride": "i32", "BLOCK": "constexpr",
+    },
+}  # fmt: skip
+
+
+def compile_for(arch: int = 90) -> dict[str, list[str]]:
+    """Compile both kernels for an NVIDIA GPU of compute capability ``arch`` (90: Hopper, the lent
+    H200) without one: Triton's compiler and its bundled ptxas run on any machine. The interpreter
+    that runs the kernels on CPU accepts code the compiler refuses (a plain Python global read
+    inside a kernel passed there and failed on the H200), so CI compiles them too. Returns the
+    stages each kernel reached (``cubin`` last)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", arch, 32)
+    stages = {}
+    for name, signature in SIGNATURES.items():
+        source = ASTSource(fn=globals()[name], signature=signature, constexprs={"BLOCK": BLOCK})
+        compiled = triton.compile(source, target=target, options={"num_warps": WARPS})
+        stages[name] = list(compiled.asm)
+    return stages
 
 
 def fused_logprob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ class Size:
     chunk_rows: tuple[int, ...]  # the chunk sweep
 
 
-FULL = Size(tokens=16_384, vocab=151_936, topk=20, chunk_rows=(3, 64, 512, 2048))
+FULL = Size(tokens=16_384, vocab=151_936, topk=20, chunk_rows=(3, 64, 128, 256, 512, 1024, 2048))
 TINY = Size(tokens=48, vocab=1024, topk=4, chunk_rows=(1, 8, 64))
 
 
@@ -186,25 +186,29 @@ def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None
     losses = loss_functions(fused)
 
     def backward_of(loss, **kw):
-        def call():
-            x["logits"].grad = None
-            loss(x, **kw).backward()
+        return lambda: loss(x, **kw).backward()
 
-        return call
+    def drop_gradient():  # before each call: the last call's gradient is not this call's memory
+        x["logits"].grad = None
 
-    timed = interleaved({k: backward_of(f) for k, f in losses.items()}, device, repeats)
+    timed = interleaved(
+        {k: backward_of(f) for k, f in losses.items()}, device, repeats, drop_gradient
+    )
     default_rows = rows_per_chunk(size.vocab, None, device)
     chunk_rows = sorted(set(size.chunk_rows) | {default_rows})
     chunks = interleaved(
         {rows: backward_of(losses["pdm-agg"], chunk_size=rows) for rows in chunk_rows},
         device,
         max(1, repeats - 2),
+        drop_gradient,
     )
     x["logits"].grad = None
     bandwidth = copy_bandwidth_gbps(device)
     floor_s = None if bandwidth is None else 3 * logits_bytes / (bandwidth * 1e9)
 
     def row(t: Timed) -> dict:
+        # Above the inputs, every path must hold the logits' gradient (one more [N, V] bf16
+        # buffer): what a path needs beyond that is its own cost.
         return {
             "ms": round(t.median_s * 1e3, 3),
             "extra_peak_gb": gb(None if t.peak_bytes is None else t.peak_bytes - logits_bytes),

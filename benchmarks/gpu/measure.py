@@ -1,8 +1,10 @@
 """Timing, peak memory and the memory-bandwidth floor, the same way for every part of the check.
 
 Times are medians of repeats with the compared paths interleaved, so that they see the same
-clocks and caches. Peak memory is CUDA's allocator peak above what was allocated before the call;
-on CPU it is not tracked (``None``), and the tiny CPU run checks the code, not the figures.
+clocks and caches. Peak memory is CUDA's allocator peak, both absolute and above what was allocated
+before the call, read after the path's ``reset`` (which frees what the last call left, such as a
+gradient) so that a figure never counts the previous repeat's buffers; on CPU it is not tracked
+(``None``), and the tiny CPU run checks the code, not the figures.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class Timed:
     """One path's repeats: seconds and peak bytes above the starting allocation."""
 
     seconds: list[float] = field(default_factory=list)
-    peaks: list[int | None] = field(default_factory=list)
+    peaks: list[int | None] = field(default_factory=list)  # above the allocation before the call
+    absolute_peaks: list[int | None] = field(default_factory=list)
 
     @property
     def median_s(self) -> float:
@@ -38,9 +41,22 @@ class Timed:
         known = [p for p in self.peaks if p is not None]
         return max(known) if known else None
 
+    @property
+    def absolute_peak_bytes(self) -> int | None:
+        known = [p for p in self.absolute_peaks if p is not None]
+        return max(known) if known else None
 
-def timed_call(fn: Callable[[], object], device: torch.device, into: Timed) -> object:
-    """Run ``fn`` once, adding its wall time (synchronised) and its peak memory to ``into``."""
+
+def timed_call(
+    fn: Callable[[], object],
+    device: torch.device,
+    into: Timed,
+    reset: Callable[[], object] | None = None,
+) -> object:
+    """Run ``reset`` (untimed), then ``fn`` once, adding its wall time (synchronised) and its peak
+    memory to ``into``."""
+    if reset is not None:
+        reset()
     base = None
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -50,21 +66,29 @@ def timed_call(fn: Callable[[], object], device: torch.device, into: Timed) -> o
     result = fn()
     sync(device)
     into.seconds.append(time.perf_counter() - start)
-    into.peaks.append(None if base is None else torch.cuda.max_memory_allocated(device) - base)
+    peak = None if base is None else torch.cuda.max_memory_allocated(device)
+    into.peaks.append(None if peak is None else peak - base)
+    into.absolute_peaks.append(peak)
     return result
 
 
 def interleaved(
-    paths: dict[str, Callable[[], object]], device: torch.device, repeats: int
+    paths: dict[str, Callable[[], object]],
+    device: torch.device,
+    repeats: int,
+    reset: Callable[[], object] | None = None,
 ) -> dict[str, Timed]:
-    """Every path ``repeats`` times, in alternating order, after one warm-up call each."""
+    """Every path ``repeats`` times, in alternating order, after one warm-up call each; ``reset``
+    before every call (see ``timed_call``)."""
     for fn in paths.values():
+        if reset is not None:
+            reset()
         fn()  # kernels compiled, caches and lazy imports loaded outside the measurement
     results = {name: Timed() for name in paths}
     for rep in range(repeats):
         order = list(paths) if rep % 2 == 0 else list(reversed(paths))
         for name in order:
-            timed_call(paths[name], device, results[name])
+            timed_call(paths[name], device, results[name], reset)
     return results
 
 

@@ -41,7 +41,7 @@ def tiny_run(tmp_path_factory):
 def test_every_part_reports_one_ok_json_line(tiny_run):
     proc, parts, records = tiny_run
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert [r["part"] for r in records] == ["environment", "loss", "hook", "engine"]
+    assert [r["part"] for r in records] == ["environment", "loss", "hook", "engine", "profile"]
     assert all(r["ok"] for r in records), [r.get("error") for r in records]
     stdout = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert stdout == records  # stdout holds the same lines, and nothing else parses as JSON
@@ -85,6 +85,38 @@ def test_engine_part_trains_two_steps_through_verls_fsdp_engine(tiny_run):
         assert 0.0 <= step["masked_frac"] <= 1.0
     # the masked share verl reports as its clip fraction is the recipe's mask
     assert engine["steps"][-1]["pg_clipfrac"] == engine["steps"][-1]["masked_frac"]
+
+
+def test_profile_part_names_the_kernels_of_both_paths(tiny_run):
+    _, parts, _ = tiny_run
+    for name, prof in parts["profile"]["profiles"].items():
+        assert prof["top"] and prof["kernels_launched"] >= len(prof["top"]), name
+        assert sum(k["ms"] for k in prof["top"]) <= prof["total_ms"] + 1e-3, name
+    # pdm-agg's chunked pass launches more than torch's one fused cross-entropy
+    profiles = parts["profile"]["profiles"]
+    assert profiles["pdm-agg"]["kernels_launched"] > profiles["torch-ce"]["kernels_launched"]
+
+
+def test_the_fused_kernels_compile_for_the_lent_gpu():
+    """Triton's interpreter (the tiny run) accepts code its compiler refuses: a plain global read
+    in a kernel ran on CPU and failed to compile on the H200. Both kernels are compiled here for
+    Hopper (compute capability 9.0) through to machine code, without a GPU."""
+    code = (
+        "from gpu.fused_logprob import compile_for; import json; print(json.dumps(compile_for(90)))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "benchmarks",
+        env={**env, "TRITON_DEFAULT_FP_FUSION": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stages = json.loads(proc.stdout.splitlines()[-1])
+    assert set(stages) == {"_forward", "_backward"}
+    assert all(kernel[-1] == "cubin" for kernel in stages.values()), stages
 
 
 def test_a_failing_part_costs_no_other_part(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,80 @@
+"""Part (d): where pdm-agg's loss path spends its time, kernel by kernel.
+
+The ``loss`` part times whole paths against the bandwidth floor; this part says which kernels make
+up the distance. One forward + backward of pdm-agg at the device's default chunk, on the ``loss``
+part's inputs, runs under ``torch.profiler`` (after one warm-up call); the kernels are summed by
+name and the largest reported with their call counts, next to the same profile of torch's fused
+cross-entropy. On CPU the profiler times operators instead of kernels: the tiny run checks the
+code only.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .loss_paths import loss_functions, make_inputs
+from .measure import say
+
+TOP = 12  # kernels reported per path
+PATHS = ("pdm-agg", "torch-ce")
+
+
+def _device_us(event, device: torch.device) -> float:
+    """An averaged event's total self time on the device (CPU: on the host), microseconds."""
+    if device.type == "cuda":
+        return float(getattr(event, "self_device_time_total", 0.0))
+    return float(event.self_cpu_time_total)
+
+
+def _profile(call, device: torch.device) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    call()  # warm-up outside the profile
+    with profile(activities=activities) as prof:
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    # Only kernels and copies have device time of their own (an operator's is its kernels').
+    events = [e for e in prof.key_averages() if _device_us(e, device) > 0]
+    events.sort(key=lambda e: _device_us(e, device), reverse=True)
+    total = sum(_device_us(e, device) for e in events)
+    return {
+        "total_ms": round(total / 1e3, 3),
+        "kernels_launched": sum(e.count for e in events),
+        "top": [
+            {
+                "name": e.key[:120],
+                "calls": e.count,
+                "ms": round(_device_us(e, device) / 1e3, 3),
+                "share": round(_device_us(e, device) / total, 3) if total else None,
+            }
+            for e in events[:TOP]
+        ],
+    }
+
+
+def run(device: torch.device, size) -> dict:
+    """``size``: the ``loss`` part's size (``loss_paths.FULL`` or ``TINY``)."""
+    x = make_inputs(size, device)
+    losses = loss_functions(fused_available=False)
+
+    def backward_of(loss):
+        def call():
+            x["logits"].grad = None
+            loss(x).backward()
+
+        return call
+
+    profiles = {name: _profile(backward_of(losses[name]), device) for name in PATHS}
+    record = {"tokens": size.tokens, "vocab": size.vocab, "profiles": profiles}
+    for name, prof in record["profiles"].items():
+        say(
+            f"\n(d) {name} fwd+bwd, N={size.tokens} x V={size.vocab}: "
+            f"{prof['total_ms']} ms on the device in {prof['kernels_launched']} kernels"
+        )
+        for k in prof["top"]:
+            say(f"    {k['ms']:9.3f} ms {k['calls']:6d} calls  {k['share']:.2f}  {k['name'][:90]}")
+    return record
