@@ -11,10 +11,14 @@ Paths, all on the same inputs, interleaved:
 - ``verl-fallback``: what verl runs without flash-attn (``logprobs_from_logits_v2``: a Python
   loop of log-softmaxes over the rows) and the same PPO loss;
 - ``pdm-agg``, ``pdm-uni``, ``dppo-topk-kl``: ``pdmask.trust_region.policy_loss`` with each
-  recipe's method (top-20 statistics, mask, loss, diagnostics), at the device's default chunk.
+  recipe's method (top-20 statistics, mask, loss, diagnostics), as it runs by default: on a GPU
+  the fused Triton pass (``trust_region.triton_pass``), on CPU the chunked one;
+- ``pdm-agg-chunked``: pdm-agg through the chunked torch pass at the device's default chunk (what
+  a GPU ran before the fused pass, and still runs for recipes that differentiate the entropy or
+  the support).
 
-Then pdm-agg again over a sweep of chunk sizes (rows per chunk), which is what the device's
-default chunk size (``trust_region.logits_pass.CHUNK_ELEMENTS``) should follow from.
+Then pdm-agg's chunked pass over a sweep of chunk sizes (rows per chunk), which is what the
+device's default chunk size (``trust_region.logits_pass.CHUNK_ELEMENTS``) follows from.
 
 The floor: every path must read the logits in the forward, read them again and write their
 gradient in the backward: ``3 x N x V x 2`` bytes, at the copy bandwidth measured in this run.
@@ -106,11 +110,12 @@ def _verl_flash_logprobs(logits, labels):
         return logprobs_from_logits(logits, labels)
 
 
-def loss_functions(fused_available: bool) -> dict:
+def loss_functions(fused_available: bool, device: torch.device, vocab: int) -> dict:
     """Each path as ``loss(inputs, chunk_size=None) -> scalar``."""
     from verl.utils.torch_functional import logprobs_from_logits_v2
 
     from pdmask.trust_region import policy_loss
+    from pdmask.trust_region.logits_pass import rows_per_chunk
 
     paths = {
         "torch-ce": lambda x: -F.cross_entropy(x["logits"], x["sampled"], reduction="none").mean()
@@ -127,6 +132,8 @@ def loss_functions(fused_available: bool) -> dict:
             ).loss  # fmt: skip
 
         paths[name] = pdm
+    default_rows = rows_per_chunk(vocab, None, device)
+    paths["pdm-agg-chunked"] = lambda x: paths["pdm-agg"](x, chunk_size=default_rows)
     return paths
 
 
@@ -173,17 +180,51 @@ def _against_float64(x, fused_available: bool) -> dict:
     record["logprob_max_abs_err"] = {
         k: float((v.detach().double() - ref.detach()).abs().max()) for k, v in out.items()
     }
+    record["pdm_pass_vs_float64"] = _pdm_pass_against_float64(z, y, x["topk_ids"][rows], upstream)
     return record
+
+
+def _pdm_pass_against_float64(z, y, topk_ids, upstream) -> dict:
+    """pdmask's logits pass as it runs here (the fused kernels on a GPU) against the same pass in
+    float64, on the same bf16 logits: log-prob errors (absolute), the tail's sums (relative) and
+    the gradient of log pi(y) in bf16 spacings (rounded once: <= 0.5 to nearest)."""
+    from pdmask.trust_region.logits_pass import chunked_logits_pass
+
+    support = torch.cat([topk_ids, y[:, None]], 1)
+    leaf = z.clone().requires_grad_(True)
+    got = chunked_logits_pass(leaf, y, support, second_order=True)
+    (got.logp_sampled * upstream).sum().backward()
+    z64 = z.double().requires_grad_(True)
+    want = chunked_logits_pass(z64, y, support, second_order=True)
+    (want.logp_sampled * upstream.double()).sum().backward()
+
+    def rel(a, b):
+        return float(((a.double() - b).abs() / b.abs().clamp_min(1e-30)).max())
+
+    spacing = torch.finfo(torch.bfloat16).eps * torch.exp2(
+        torch.floor(torch.log2(z64.grad.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)))
+    )
+    return {
+        "logp_sampled_abs": float(
+            (got.logp_sampled.detach().double() - want.logp_sampled).abs().max()
+        ),
+        "logp_support_abs": float((got.logp_support.double() - want.logp_support).abs().max()),
+        "tail_mass_rel": rel(got.tail_mass, want.tail_mass.detach()),
+        "tail_sum_sq_rel": rel(got.tail_sum_sq, want.tail_sum_sq),
+        "tail_sum_cube_rel": rel(got.tail_sum_cube, want.tail_sum_cube),
+        "grad_bf16_spacings": float(((leaf.grad.double() - z64.grad).abs() / spacing).max()),
+    }
 
 
 def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None) -> dict:
     """``why_no_fused``: ``fused_kernel_status(device)``, asked once by the check."""
-    from pdmask.trust_region.logits_pass import rows_per_chunk
+    from pdmask.trust_region.logits_pass import fused_kernels_serve, rows_per_chunk
 
     fused = why_no_fused is None
     x = make_inputs(size, device)
     logits_bytes = x["logits"].numel() * x["logits"].element_size()
-    losses = loss_functions(fused)
+    losses = loss_functions(fused, device, size.vocab)
+    pdm_pass = "fused" if fused_kernels_serve(x["logits"], None, False, False) else "chunked"
 
     def backward_of(loss, **kw):
         return lambda: loss(x, **kw).backward()
@@ -221,6 +262,7 @@ def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None
     ms = {name: t.median_s for name, t in timed.items()}
     ratios = {f"{a}/{b}": round(ms[a] / ms[b], 3) for a, b in _RATIOS if a in ms and b in ms}
     _print(size, repeats, paths, sweep, ratios, bandwidth, default_rows, why_no_fused)
+    say(f"    pdm-agg, pdm-uni, dppo-topk-kl ran the {pdm_pass} pass")
     return {
         "tokens": size.tokens,
         "vocab": size.vocab,
@@ -235,12 +277,14 @@ def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None
         "chunk_default_rows": default_rows,
         "chunk_fastest_rows": fastest,
         "fused_kernel": "ran" if fused else f"skipped: {why_no_fused}",
+        "pdm_pass": pdm_pass,
         **_against_float64(x, fused),
     }
 
 
 _RATIOS = (
     ("pdm-agg", "verl-fused"),
+    ("pdm-agg", "pdm-agg-chunked"),
     ("pdm-agg", "verl-fallback"),
     ("pdm-agg", "torch-ce"),
     ("verl-fused", "torch-ce"),

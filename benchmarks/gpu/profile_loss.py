@@ -1,4 +1,4 @@
-"""Part (d): where pdm-agg's loss path spends its time, kernel by kernel.
+"""Part (d): where pdm-agg's loss path spends its time, kernel by kernel (fused and chunked).
 
 The ``loss`` part times whole paths against the bandwidth floor; this part says which kernels make
 up the distance. One forward + backward of pdm-agg at the device's default chunk, on the ``loss``
@@ -16,7 +16,7 @@ from .loss_paths import loss_functions, make_inputs
 from .measure import say
 
 TOP = 12  # kernels reported per path
-PATHS = ("pdm-agg", "torch-ce")
+PATHS = ("pdm-agg", "pdm-agg-chunked", "torch-ce")
 
 
 def _device_us(event, device: torch.device) -> float:
@@ -37,8 +37,16 @@ def _profile(call, device: torch.device) -> dict:
         call()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    # Only kernels and copies have device time of their own (an operator's is its kernels').
     events = [e for e in prof.key_averages() if _device_us(e, device) > 0]
+    if device.type == "cuda":
+        # Kernels and copies only: an operator's row repeats its kernels' time (counted twice in
+        # the first H200 run), and the profiler's own buffer requests are no work of the path.
+        events = [
+            e
+            for e in events
+            if getattr(e, "device_type", None) != torch.autograd.DeviceType.CPU
+            and not e.key.startswith("Activity Buffer")
+        ]
     events.sort(key=lambda e: _device_us(e, device), reverse=True)
     total = sum(_device_us(e, device) for e in events)
     return {
@@ -59,7 +67,7 @@ def _profile(call, device: torch.device) -> dict:
 def run(device: torch.device, size) -> dict:
     """``size``: the ``loss`` part's size (``loss_paths.FULL`` or ``TINY``)."""
     x = make_inputs(size, device)
-    losses = loss_functions(fused_available=False)
+    losses = loss_functions(False, device, size.vocab)
 
     def backward_of(loss):
         def call():

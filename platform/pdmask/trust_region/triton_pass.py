@@ -1,0 +1,187 @@
+"""The logits pass as two fused Triton kernels: what ``logits_pass`` runs on a GPU.
+
+Why: the chunked pass is a dozen torch kernels per chunk (a float32 log-softmax, gathers, an
+exponential, a scatter, three reductions; a softmax, a scatter and a multiply backward), each a
+full sweep over the chunk. On an H200 that was 65 ms for 16,384 x 151,936 bf16 logits, 18 times
+the memory floor and 10 times verl's fused log-prob (benchmarks/RESULTS.md). Here one program per
+row reads its logits once in the forward and once more in the backward, and writes the gradient
+once: the least traffic any loss over the logits can make.
+
+Forward (one program per row, float32 throughout): an online log-sum-exp, per lane, of the row's
+logits in blocks of ``BLOCK`` columns, and in the same sweep the tail's sums of ``pi``, ``pi**2``
+and ``pi**3`` over the ids *not* in the support, rescaled as the running maximum moves (a column
+is in the support when it equals one of the row's ``M`` support ids; the ids are compared only in
+the blocks that hold them). The tail is summed directly, never as ``1 - sum over the support``, as
+the chunked pass does. Then ``log pi`` at the sampled and support ids are gathered from the
+logits minus the log-sum-exp. Backward (one program per row and block): ``-g (pi - e_y)``, written
+in the logits' dtype, rounded once.
+
+Only the outputs without a gradient of their own are computed here: ``logp_sampled`` (the one
+differentiable output), ``logp_support``, the tail's three sums. A recipe that differentiates the
+entropy or the support (``needs``) runs the chunked pass, as on CPU.
+
+This module imports triton: ``logits_pass`` imports it only when the kernels can run.
+``TRITON_INTERPRET=1`` (set before triton is imported) runs both kernels on CPU tensors in
+Triton's interpreter, which is how the tests hold them to float64 on machines without a GPU;
+``compile_for`` compiles them for a GPU architecture without one.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 2048  # columns per step: 8 per thread at 8 warps
+WARPS = 8
+BACKWARD_BLOCK = 4096
+# A finite "minus infinity" for the running maxima (exp(-inf - (-inf)) would be NaN); a kernel may
+# read no global but a constexpr.
+_NEG = tl.constexpr(-1e30)
+
+
+@triton.jit
+def _forward(
+    logits_ptr, stride, vocab, sampled_ptr, ids_ptr, m_ids,
+    logp_sampled_ptr, logp_support_ptr, tail_ptr, tail_sq_ptr, tail_cube_ptr, lse_ptr,
+    BLOCK: tl.constexpr, M_PAD: tl.constexpr, CUBE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride
+    ids_base = ids_ptr + row * m_ids
+    lanes = tl.arange(0, BLOCK)
+    run_max = tl.full([BLOCK], _NEG, tl.float32)
+    total = tl.zeros([BLOCK], tl.float32)  # sum exp(z - run_max), per lane
+    tail1 = tl.zeros([BLOCK], tl.float32)  # the same over the tail, and its squares, cubes
+    tail2 = tl.zeros([BLOCK], tl.float32)
+    tail3 = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, vocab, BLOCK):
+        cols = start + lanes
+        z = tl.load(base + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32)
+        new_max = tl.maximum(run_max, z)
+        scale = tl.exp(run_max - new_max)
+        e = tl.exp(z - new_max)
+        in_support = cols < 0  # all False
+        for j in range(m_ids):
+            sid = tl.load(ids_base + j)
+            if (sid >= start) & (sid < start + BLOCK):
+                in_support = in_support | (cols == sid)
+        et = tl.where(in_support, 0.0, e)
+        total = total * scale + e
+        tail1 = tail1 * scale + et
+        tail2 = tail2 * (scale * scale) + et * et
+        if CUBE:
+            tail3 = tail3 * (scale * scale * scale) + et * et * et
+        run_max = new_max
+    row_max = tl.max(run_max, 0)
+    w = tl.exp(run_max - row_max)
+    s = tl.sum(total * w, 0)
+    lse = row_max + tl.log(s)
+    tl.store(lse_ptr + row, lse)
+    tl.store(tail_ptr + row, tl.sum(tail1 * w, 0) / s)
+    tl.store(tail_sq_ptr + row, tl.sum(tail2 * (w * w), 0) / (s * s))
+    if CUBE:
+        tl.store(tail_cube_ptr + row, tl.sum(tail3 * (w * w * w), 0) / (s * s * s))
+    y = tl.load(sampled_ptr + row)
+    tl.store(logp_sampled_ptr + row, tl.load(base + y).to(tl.float32) - lse)
+    slots = tl.arange(0, M_PAD)
+    inside = slots < m_ids
+    sids = tl.load(ids_base + slots, mask=inside, other=0)
+    z_s = tl.load(base + sids, mask=inside, other=0.0).to(tl.float32)
+    tl.store(logp_support_ptr + row * m_ids + slots, z_s - lse, mask=inside)
+
+
+@triton.jit
+def _backward(
+    logits_ptr, stride, vocab, sampled_ptr, lse_ptr, grad_logp_ptr, grad_ptr, grad_stride,
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    inside = cols < vocab
+    z = tl.load(logits_ptr + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
+    p = tl.exp(z - tl.load(lse_ptr + row))
+    y = tl.load(sampled_ptr + row)
+    g = tl.load(grad_logp_ptr + row)
+    grad = g * (tl.where(cols == y, 1.0, 0.0) - p)
+    out = grad_ptr + row * grad_stride + cols
+    tl.store(out, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+
+
+def _m_pad(m: int) -> int:
+    return max(1, 1 << (max(m, 1) - 1).bit_length())
+
+
+def statistics(logits, sampled, support_ids, second_order: bool):
+    """The pass's forward: ``(logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, lse)``,
+    float32, for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``."""
+    n, vocab = logits.shape
+    m = support_ids.shape[1]
+    f32 = dict(dtype=torch.float32, device=logits.device)
+    logp_sampled, tail, tail_sq, lse = (torch.empty(n, **f32) for _ in range(4))
+    logp_support = torch.empty(n, m, **f32)
+    tail_cube = torch.empty(n, **f32) if second_order else None
+    if n:
+        ids = support_ids.contiguous().long()
+        _forward[(n,)](
+            logits, logits.stride(0), vocab, sampled.contiguous().long(), ids, m,
+            logp_sampled, logp_support, tail, tail_sq,
+            tail_cube if second_order else tail_sq,  # not written without CUBE
+            lse, BLOCK=BLOCK, M_PAD=_m_pad(m), CUBE=second_order, num_warps=WARPS,
+        )  # fmt: skip
+    return logp_sampled, logp_support, tail, tail_sq, tail_cube, lse
+
+
+def sampled_backward(logits, sampled, lse, grad_logp):
+    """``d(sum g log pi(y)) / d logits = g (e_y - pi)``, in the logits' dtype (contiguous: the
+    logits' rows may be a strided view)."""
+    n, vocab = logits.shape
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    if n:
+        grid = (n, -(-vocab // BACKWARD_BLOCK))
+        _backward[grid](
+            logits, logits.stride(0), vocab, sampled.contiguous().long(), lse,
+            grad_logp.float().contiguous(), grad, grad.stride(0), BLOCK=BACKWARD_BLOCK,
+            num_warps=WARPS,
+        )  # fmt: skip
+    return grad
+
+
+# Argument types as Triton's compiler takes them (bf16 logits), for ``compile_for``.
+_SIGNATURES = {
+    "_forward": (
+        {
+            "logits_ptr": "*bf16", "stride": "i32", "vocab": "i32", "sampled_ptr": "*i64",
+            "ids_ptr": "*i64", "m_ids": "i32", "logp_sampled_ptr": "*fp32",
+            "logp_support_ptr": "*fp32", "tail_ptr": "*fp32", "tail_sq_ptr": "*fp32",
+            "tail_cube_ptr": "*fp32", "lse_ptr": "*fp32", "BLOCK": "constexpr",
+            "M_PAD": "constexpr", "CUBE": "constexpr",
+        },
+        {"BLOCK": BLOCK, "M_PAD": 32, "CUBE": True},
+    ),
+    "_backward": (
+        {
+            "logits_ptr": "*bf16", "stride": "i32", "vocab": "i32", "sampled_ptr": "*i64",
+            "lse_ptr": "*fp32", "grad_logp_ptr": "*fp32", "grad_ptr": "*bf16",
+            "grad_stride": "i32", "BLOCK": "constexpr",
+        },
+        {"BLOCK": BACKWARD_BLOCK},
+    ),
+}  # fmt: skip
+
+
+def compile_for(arch: int = 90) -> dict[str, list[str]]:
+    """Compile both kernels for an NVIDIA GPU of compute capability ``arch`` (90: Hopper) on any
+    machine (Triton's compiler and its bundled ptxas need no GPU): the interpreter that runs them
+    on CPU accepts code the compiler refuses. Returns the stages each kernel reached."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    stages = {}
+    for name, (signature, constexprs) in _SIGNATURES.items():
+        source = ASTSource(fn=globals()[name], signature=signature, constexprs=constexprs)
+        compiled = triton.compile(
+            source, target=GPUTarget("cuda", arch, 32), options={"num_warps": WARPS}
+        )
+        stages[name] = list(compiled.asm)
+    return stages

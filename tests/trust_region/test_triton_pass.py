@@ -1,0 +1,89 @@
+"""The fused Triton logits pass (what a GPU runs), held to float64 and compiled for Hopper, here.
+
+Without a GPU the kernels run in Triton's interpreter (``interpreted_triton_pass.py``, in a fresh
+process: the interpreter is chosen when triton is imported), through the same autograd function a
+GPU takes. They are also compiled for compute capability 9.0 through to machine code: the
+interpreter accepts some code the compiler refuses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pdmask.trust_region.logits_pass import fused_kernels_serve
+
+HERE = Path(__file__).resolve().parent
+PLATFORM = HERE.parents[1] / "platform"
+EPS32 = torch.finfo(torch.float32).eps
+
+pytest.importorskip("triton")
+
+
+def _python(code_or_script: list[str], interpret: bool) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(PLATFORM), env.get("PYTHONPATH", "")])
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    return subprocess.run(
+        [sys.executable, *code_or_script], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+@pytest.fixture(scope="module")
+def interpreted_cases():
+    proc = _python([str(HERE / "interpreted_triton_pass.py")], interpret=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.splitlines()[-1])
+
+
+def test_the_fused_pass_equals_float64_forward_and_backward(interpreted_cases):
+    assert [c["n"] for c in interpreted_cases] == [37, 9, 5, 0]
+    for c in interpreted_cases:
+        errors = c["errors"]
+        # float32 throughout: log pi = z - lse is off by a few float32 roundings of |lse|
+        logp_tol = 16 * EPS32 * (1 + c["lse_max"])
+        assert errors["logp_sampled"] <= logp_tol, c
+        assert errors["logp_support"] <= logp_tol, c
+        # the tail's sums, summed directly (never 1 - the support's mass): relative float32 error
+        for name in ("tail_mass", "tail_sum_sq") + (("tail_sum_cube",) if c["cube"] else ()):
+            assert errors[name] <= 64 * EPS32, (name, c)
+        assert c["cube"] == c["second_order"]
+        # the gradient, rounded once into the logits' dtype (<= 1 spacing: the interpreter may
+        # truncate), from pi = exp(z - lse) whose float32 error is a few roundings of |z| + |lse|
+        grad_tol = 1 + 4 * (1 + c["z_max"] + c["lse_max"]) * EPS32 / c["eps"]
+        assert errors["grad_spacings"] <= grad_tol, c
+
+
+def test_the_fused_kernels_compile_for_hopper():
+    code = (
+        "import json; from pdmask.trust_region.triton_pass import compile_for; "
+        "print(json.dumps(compile_for(90)))"
+    )
+    proc = _python(["-c", code], interpret=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    stages = json.loads(proc.stdout.splitlines()[-1])
+    assert set(stages) == {"_forward", "_backward"}
+    assert all(kernel[-1] == "cubin" for kernel in stages.values()), stages
+
+
+def test_the_chunked_pass_serves_what_the_fused_kernels_cannot():
+    def logits(dtype=torch.bfloat16, cuda=True):  # what the rule reads of a tensor
+        return SimpleNamespace(is_cuda=cuda, dtype=dtype)
+
+    assert fused_kernels_serve(logits(), None, False, False)
+    assert fused_kernels_serve(logits(torch.float32), None, False, False)
+    assert not fused_kernels_serve(logits(cuda=False), None, False, False)
+    assert not fused_kernels_serve(logits(torch.float64), None, False, False)  # float64 math
+    assert not fused_kernels_serve(logits(), 64, False, False)  # a chunk size asks for chunks
+    assert not fused_kernels_serve(logits(), None, True, False)  # a differentiable entropy
+    assert not fused_kernels_serve(logits(), None, False, True)  # a differentiable support
+    assert not fused_kernels_serve(torch.zeros(2, 8, dtype=torch.bfloat16), None, False, False)
