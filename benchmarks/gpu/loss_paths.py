@@ -206,7 +206,7 @@ def _pdm_pass_against_float64(z, y, topk_ids, upstream) -> dict:
     )
     return {
         "logp_sampled_abs": float(
-            (got.logp_sampled.detach().double() - want.logp_sampled).abs().max()
+            (got.logp_sampled.detach().double() - want.logp_sampled.detach()).abs().max()
         ),
         "logp_support_abs": float((got.logp_support.double() - want.logp_support).abs().max()),
         "tail_mass_rel": rel(got.tail_mass, want.tail_mass.detach()),

@@ -10,8 +10,9 @@ once: the least traffic any loss over the logits can make.
 Forward (one program per row, float32 throughout): an online log-sum-exp, per lane, of the row's
 logits in blocks of ``BLOCK`` columns, and in the same sweep the tail's sums of ``pi``, ``pi**2``
 and ``pi**3`` over the ids *not* in the support, rescaled as the running maximum moves (a column
-is in the support when it equals one of the row's ``M`` support ids; the ids are compared only in
-the blocks that hold them). The tail is summed directly, never as ``1 - sum over the support``, as
+is in the support when it equals one of the row's ``M`` support ids: the ids, sorted, are walked
+with the blocks, so a block costs one scalar compare beyond the ids it holds; a first version
+compared every id in every block and its forward took 20 ms where the backward took 2.6). The tail is summed directly, never as ``1 - sum over the support``, as
 the chunked pass does. Then ``log pi`` at the sampled and support ids are gathered from the
 logits minus the log-sum-exp. Backward (one program per row and block): ``-g (pi - e_y)``, written
 in the logits' dtype, rounded once.
@@ -42,13 +43,19 @@ _NEG = tl.constexpr(-1e30)
 
 @triton.jit
 def _forward(
-    logits_ptr, stride, vocab, sampled_ptr, ids_ptr, m_ids,
+    logits_ptr, stride, vocab, sampled_ptr, ids_ptr, sorted_ids_ptr, m_ids,
     logp_sampled_ptr, logp_support_ptr, tail_ptr, tail_sq_ptr, tail_cube_ptr, lse_ptr,
     BLOCK: tl.constexpr, M_PAD: tl.constexpr, CUBE: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride
     ids_base = ids_ptr + row * m_ids
+    sorted_base = sorted_ids_ptr + row * m_ids
+    # The row's support ids in ascending order, consumed as the blocks pass them: one scalar
+    # compare per block, one load per id. Past the last id, a sentinel no block reaches.
+    beyond = vocab + BLOCK
+    slot = 0
+    next_id = tl.load(sorted_base + slot, mask=slot < m_ids, other=beyond)
     lanes = tl.arange(0, BLOCK)
     run_max = tl.full([BLOCK], _NEG, tl.float32)
     total = tl.zeros([BLOCK], tl.float32)  # sum exp(z - run_max), per lane
@@ -62,10 +69,10 @@ def _forward(
         scale = tl.exp(run_max - new_max)
         e = tl.exp(z - new_max)
         in_support = cols < 0  # all False
-        for j in range(m_ids):
-            sid = tl.load(ids_base + j)
-            if (sid >= start) & (sid < start + BLOCK):
-                in_support = in_support | (cols == sid)
+        while next_id < start + BLOCK:
+            in_support = in_support | (cols == next_id)
+            slot += 1
+            next_id = tl.load(sorted_base + slot, mask=slot < m_ids, other=beyond)
         et = tl.where(in_support, 0.0, e)
         total = total * scale + e
         tail1 = tail1 * scale + et
@@ -123,8 +130,9 @@ def statistics(logits, sampled, support_ids, second_order: bool):
     tail_cube = torch.empty(n, **f32) if second_order else None
     if n:
         ids = support_ids.contiguous().long()
+        sorted_ids = torch.sort(ids, dim=1).values  # the kernel walks them with the blocks
         _forward[(n,)](
-            logits, logits.stride(0), vocab, sampled.contiguous().long(), ids, m,
+            logits, logits.stride(0), vocab, sampled.contiguous().long(), ids, sorted_ids, m,
             logp_sampled, logp_support, tail, tail_sq,
             tail_cube if second_order else tail_sq,  # not written without CUBE
             lse, BLOCK=BLOCK, M_PAD=_m_pad(m), CUBE=second_order, num_warps=WARPS,
@@ -152,7 +160,7 @@ _SIGNATURES = {
     "_forward": (
         {
             "logits_ptr": "*bf16", "stride": "i32", "vocab": "i32", "sampled_ptr": "*i64",
-            "ids_ptr": "*i64", "m_ids": "i32", "logp_sampled_ptr": "*fp32",
+            "ids_ptr": "*i64", "sorted_ids_ptr": "*i64", "m_ids": "i32", "logp_sampled_ptr": "*fp32",
             "logp_support_ptr": "*fp32", "tail_ptr": "*fp32", "tail_sq_ptr": "*fp32",
             "tail_cube_ptr": "*fp32", "lse_ptr": "*fp32", "BLOCK": "constexpr",
             "M_PAD": "constexpr", "CUBE": "constexpr",
