@@ -115,21 +115,12 @@ SIGNATURES = {
 
 
 def compile_for(arch: int = 90) -> dict[str, list[str]]:
-    """Compile both kernels for an NVIDIA GPU of compute capability ``arch`` (90: Hopper, the lent
-    H200) without one: Triton's compiler and its bundled ptxas run on any machine. The interpreter
-    that runs the kernels on CPU accepts code the compiler refuses (a plain Python global read
-    inside a kernel passed there and failed on the H200), so CI compiles them too. Returns the
-    stages each kernel reached (``cubin`` last)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
+    """Both kernels compiled for compute capability ``arch`` without a GPU (pdmask's
+    ``compile_kernels``): the interpreter the tiny CPU run uses accepts code the compiler refuses."""
+    from pdmask.trust_region.triton_pass import compile_kernels
 
-    target = GPUTarget("cuda", arch, 32)
-    stages = {}
-    for name, signature in SIGNATURES.items():
-        source = ASTSource(fn=globals()[name], signature=signature, constexprs={"BLOCK": BLOCK})
-        compiled = triton.compile(source, target=target, options={"num_warps": WARPS})
-        stages[name] = list(compiled.asm)
-    return stages
+    kernels = {name: (globals()[name], sig, {"BLOCK": BLOCK}) for name, sig in SIGNATURES.items()}
+    return compile_kernels(kernels, arch, WARPS)
 
 
 def fused_logprob(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

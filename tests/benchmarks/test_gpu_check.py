@@ -114,7 +114,7 @@ def test_the_fused_kernels_compile_for_the_lent_gpu():
     proc = subprocess.run(
         [sys.executable, "-c", code],
         cwd=ROOT / "benchmarks",
-        env={**env, "TRITON_DEFAULT_FP_FUSION": "1"},
+        env={**env, "TRITON_DEFAULT_FP_FUSION": "1", "PYTHONPATH": str(ROOT / "platform")},
         capture_output=True,
         text=True,
         timeout=300,

@@ -178,18 +178,27 @@ _SIGNATURES = {
 }  # fmt: skip
 
 
-def compile_for(arch: int = 90) -> dict[str, list[str]]:
-    """Compile both kernels for an NVIDIA GPU of compute capability ``arch`` (90: Hopper) on any
-    machine (Triton's compiler and its bundled ptxas need no GPU): the interpreter that runs them
-    on CPU accepts code the compiler refuses. Returns the stages each kernel reached."""
+def compile_kernels(
+    kernels: dict[str, tuple[object, dict, dict]], arch: int = 90, num_warps: int = WARPS
+) -> dict[str, list[str]]:
+    """Compile jitted kernels, ``{name: (kernel, signature, constexprs)}``, for an NVIDIA GPU of
+    compute capability ``arch`` (90: Hopper) on any machine: Triton's compiler and its bundled
+    ptxas need no GPU. Triton's CPU interpreter accepts code the compiler refuses (a plain global
+    read inside a kernel ran there and failed on an H200), so the tests compile every kernel of
+    the project too. Returns the stages each kernel reached (``cubin`` last)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    target = GPUTarget("cuda", arch, 32)
     stages = {}
-    for name, (signature, constexprs) in _SIGNATURES.items():
-        source = ASTSource(fn=globals()[name], signature=signature, constexprs=constexprs)
-        compiled = triton.compile(
-            source, target=GPUTarget("cuda", arch, 32), options={"num_warps": WARPS}
-        )
+    for name, (kernel, signature, constexprs) in kernels.items():
+        source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+        compiled = triton.compile(source, target=target, options={"num_warps": num_warps})
         stages[name] = list(compiled.asm)
     return stages
+
+
+def compile_for(arch: int = 90) -> dict[str, list[str]]:
+    """This module's two kernels through ``compile_kernels``."""
+    kernels = {name: (globals()[name], *spec) for name, spec in _SIGNATURES.items()}
+    return compile_kernels(kernels, arch)
