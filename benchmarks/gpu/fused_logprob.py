@@ -4,8 +4,8 @@ On GPU nodes verl 0.9.1's ``logprobs_from_logits`` runs flash-attn's Triton cros
 (``flash_attn.ops.triton.cross_entropy``) when flash-attn is installed; a lent GPU machine has no
 flash-attn, so this module is the same computation, written for the check: one program per row
 streams the row's logits once in the forward (an online log-sum-exp and the label's logit, in
-float32), and one program per (row, block) writes ``g * (e_y - softmax(z))`` in the backward.
-That is the least traffic a log-prob can make: read the logits twice, write their gradient once.
+float32), and in the backward one program per (row, block) writes ``g * (e_y - softmax(z))``
+(pdmask's own sampled-token backward kernel, ``trust_region.triton_pass``: the same math). That is the least traffic a log-prob can make: read the logits twice, write their gradient once.
 
 flash-attn can also write the gradient into the logits' own storage (``inplace_backward``), which
 saves one logits-sized buffer of peak memory and no time; this kernel writes a new tensor so that
@@ -53,21 +53,6 @@ def _forward(logits_ptr, labels_ptr, logp_ptr, lse_ptr, vocab, stride, BLOCK: tl
     tl.store(lse_ptr + row, lse)
 
 
-@triton.jit
-def _backward(
-    logits_ptr, labels_ptr, lse_ptr, grad_out_ptr, grad_ptr, vocab, stride, BLOCK: tl.constexpr
-):
-    row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    inside = cols < vocab
-    z = tl.load(logits_ptr + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
-    p = tl.exp(z - tl.load(lse_ptr + row))
-    label = tl.load(labels_ptr + row)
-    g = tl.load(grad_out_ptr + row)
-    grad = g * (tl.where(cols == label, 1.0, 0.0) - p)
-    tl.store(grad_ptr + row * stride + cols, grad.to(grad_ptr.dtype.element_ty), mask=inside)
-
-
 class _FusedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, labels):
@@ -82,40 +67,25 @@ class _FusedLogprob(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logp):
+        # flash-attn's backward is pdmask's sampled-token backward: g (e_y - pi), written once
+        from pdmask.trust_region.triton_pass import sampled_backward
+
         logits, labels, lse = ctx.saved_tensors
-        n, vocab = logits.shape
-        grad = torch.empty_like(logits)
-        grid = (n, triton.cdiv(vocab, BLOCK))
-        _backward[grid](
-            logits,
-            labels,
-            lse,
-            grad_logp.float().contiguous(),
-            grad,
-            vocab,
-            logits.stride(0),
-            BLOCK=BLOCK,
-            num_warps=WARPS,
-        )
-        return grad, None
+        return sampled_backward(logits, labels, lse, grad_logp), None
 
 
-# Each kernel's argument types as Triton's compiler takes them (bf16 logits, int64 labels), for
+# The kernel's argument types as Triton's compiler takes them (bf16 logits, int64 labels), for
 # ``compile_for``: the launches above pass the same arguments in the same order.
 SIGNATURES = {
     "_forward": {
         "logits_ptr": "*bf16", "labels_ptr": "*i64", "logp_ptr": "*fp32", "lse_ptr": "*fp32",
         "vocab": "i32", "stride": "i32", "BLOCK": "constexpr",
     },
-    "_backward": {
-        "logits_ptr": "*bf16", "labels_ptr": "*i64", "lse_ptr": "*fp32", "grad_out_ptr": "*fp32",
-        "grad_ptr": "*bf16", "vocab": "i32", "stride": "i32", "BLOCK": "constexpr",
-    },
 }  # fmt: skip
 
 
 def compile_for(arch: int = 90) -> dict[str, list[str]]:
-    """Both kernels compiled for compute capability ``arch`` without a GPU (pdmask's
+    """The forward kernel compiled for compute capability ``arch`` without a GPU (pdmask's
     ``compile_kernels``): the interpreter the tiny CPU run uses accepts code the compiler refuses."""
     from pdmask.trust_region.triton_pass import compile_kernels
 

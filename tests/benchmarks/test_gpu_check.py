@@ -105,7 +105,7 @@ def test_profile_part_names_the_kernels_of_both_paths(tiny_run):
 
 def test_the_fused_kernels_compile_for_the_lent_gpu():
     """Triton's interpreter (the tiny run) accepts code its compiler refuses: a plain global read
-    in a kernel ran on CPU and failed to compile on the H200. Both kernels are compiled here for
+    in a kernel ran on CPU and failed to compile on the H200. The kernel is compiled here for
     Hopper (compute capability 9.0) through to machine code, without a GPU."""
     code = (
         "from gpu.fused_logprob import compile_for; import json; print(json.dumps(compile_for(90)))"
@@ -121,7 +121,7 @@ def test_the_fused_kernels_compile_for_the_lent_gpu():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     stages = json.loads(proc.stdout.splitlines()[-1])
-    assert set(stages) == {"_forward", "_backward"}
+    assert set(stages) == {"_forward"}  # its backward is pdmask's (tests/trust_region)
     assert all(kernel[-1] == "cubin" for kernel in stages.values()), stages
 
 
