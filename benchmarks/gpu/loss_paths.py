@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from .measure import Timed, copy_bandwidth_gbps, gb, interleaved, say
 from .recipes import DELTA, recipe_with_params
 
-PDM_METHODS = ("pdm-agg", "pdm-uni", "dppo-topk-kl")
+PDM_METHODS = ("pdm-agg", "pdm-uni", "dppo-topk-kl", "ent-bonus")  # ent-bonus: needs entropy
 
 
 @dataclass(frozen=True)
@@ -186,34 +186,67 @@ def _against_float64(x, fused_available: bool) -> dict:
 
 def _pdm_pass_against_float64(z, y, topk_ids, upstream) -> dict:
     """pdmask's logits pass as it runs here (the fused kernels on a GPU) against the same pass in
-    float64, on the same bf16 logits: log-prob errors (absolute), the tail's sums (relative) and
-    the gradient of log pi(y) in bf16 spacings (rounded once: <= 0.5 to nearest)."""
+    float64, on the same bf16 logits, twice: with a gradient on log pi(y) alone (``sampled``) and
+    on every differentiable output, the entropy, the support's log-probs and the tail's mass
+    included (``all``). Log-prob and entropy errors are absolute, the tail's sums relative; the
+    gradient in bf16 spacings (rounded once: <= 0.5 to nearest) and relative to its row's largest
+    entry (where terms cancel, an entry's last bits follow the row's larger ones)."""
     from pdmask.trust_region.logits_pass import chunked_logits_pass
 
     support = torch.cat([topk_ids, y[:, None]], 1)
-    leaf = z.clone().requires_grad_(True)
-    got = chunked_logits_pass(leaf, y, support, second_order=True)
-    (got.logp_sampled * upstream).sum().backward()
-    z64 = z.double().requires_grad_(True)
-    want = chunked_logits_pass(z64, y, support, second_order=True)
-    (want.logp_sampled * upstream.double()).sum().backward()
+    g = torch.Generator().manual_seed(2)
+    extra = {  # upstream gradients of the other differentiable outputs
+        "logp_support": torch.randn(support.shape, generator=g).to(z.device),
+        "tail_mass": torch.randn(y.shape, generator=g).to(z.device),
+        "entropy": torch.randn(y.shape, generator=g).to(z.device),
+    }
+
+    def run_pass(logits, every_output):
+        out = chunked_logits_pass(
+            logits, y, support, second_order=True, entropy=every_output, support_grad=every_output
+        )
+        loss = (
+            out.logp_sampled
+            * upstream.to(logits.dtype if logits.dtype == torch.float64 else torch.float32)
+        ).sum()
+        if every_output:
+            for name, u in extra.items():
+                loss = loss + (getattr(out, name) * u.to(out.logp_sampled.dtype)).sum()
+        loss.backward()
+        return out
 
     def rel(a, b):
-        return float(((a.double() - b).abs() / b.abs().clamp_min(1e-30)).max())
+        return float(
+            ((a.detach().double() - b.detach()).abs() / b.detach().abs().clamp_min(1e-30)).max()
+        )
 
-    spacing = torch.finfo(torch.bfloat16).eps * torch.exp2(
-        torch.floor(torch.log2(z64.grad.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)))
-    )
-    return {
-        "logp_sampled_abs": float(
-            (got.logp_sampled.detach().double() - want.logp_sampled.detach()).abs().max()
-        ),
-        "logp_support_abs": float((got.logp_support.double() - want.logp_support).abs().max()),
-        "tail_mass_rel": rel(got.tail_mass, want.tail_mass.detach()),
-        "tail_sum_sq_rel": rel(got.tail_sum_sq, want.tail_sum_sq),
-        "tail_sum_cube_rel": rel(got.tail_sum_cube, want.tail_sum_cube),
-        "grad_bf16_spacings": float(((leaf.grad.double() - z64.grad).abs() / spacing).max()),
-    }
+    def absolute(a, b):
+        return float((a.detach().double() - b.detach()).abs().max())
+
+    tiny = torch.finfo(torch.bfloat16).tiny
+    record = {}
+    for label, every_output in (("sampled", False), ("all", True)):
+        leaf = z.clone().requires_grad_(True)
+        got = run_pass(leaf, every_output)
+        z64 = z.double().requires_grad_(True)
+        want = run_pass(z64, every_output)
+        exact = z64.grad
+        spacing = torch.finfo(torch.bfloat16).eps * torch.exp2(
+            torch.floor(torch.log2(exact.abs().clamp_min(tiny)))
+        )
+        diff = (leaf.grad.double() - exact).abs()
+        record[label] = {
+            "logp_sampled_abs": absolute(got.logp_sampled, want.logp_sampled),
+            "logp_support_abs": absolute(got.logp_support, want.logp_support),
+            "tail_mass_rel": rel(got.tail_mass, want.tail_mass),
+            "tail_sum_sq_rel": rel(got.tail_sum_sq, want.tail_sum_sq),
+            "tail_sum_cube_rel": rel(got.tail_sum_cube, want.tail_sum_cube),
+            "grad_bf16_spacings": float((diff / spacing).max()),
+            "grad_row_relative": float((diff / exact.abs().amax(-1, keepdim=True)).max()),
+        }
+        if every_output:
+            record[label]["entropy_abs"] = absolute(got.entropy, want.entropy)
+    return record
 
 
 def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None) -> dict:
@@ -224,7 +257,7 @@ def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None
     x = make_inputs(size, device)
     logits_bytes = x["logits"].numel() * x["logits"].element_size()
     losses = loss_functions(fused, device, size.vocab)
-    pdm_pass = "fused" if fused_kernels_serve(x["logits"], None, False, False) else "chunked"
+    pdm_pass = "fused" if fused_kernels_serve(x["logits"], None) else "chunked"
 
     def backward_of(loss, **kw):
         return lambda: loss(x, **kw).backward()
@@ -289,6 +322,7 @@ _RATIOS = (
     ("pdm-agg", "torch-ce"),
     ("verl-fused", "torch-ce"),
     ("pdm-uni", "pdm-agg"),
+    ("ent-bonus", "pdm-agg"),
     ("dppo-topk-kl", "pdm-agg"),
 )
 

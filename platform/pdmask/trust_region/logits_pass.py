@@ -18,10 +18,10 @@ Every other output is a detached statistic. The backward adds all requested term
 chunk buffer: a dense part ``pi_j (c - g_H z_j)`` (``c`` per row, from every output's upstream
 gradient; ``log pi_j = z_j - lse``) plus sparse corrections at the sampled and support ids.
 
-On a GPU the same outputs come from two fused Triton kernels (``triton_pass``: one read of the
-logits forward, one read and one write backward) whenever they can serve: float32 or lower
-precision logits, Triton installed, no differentiable entropy or support requested, and no
-``chunk_size`` given (a chunk size asks for this chunked pass, whose knob it is).
+On a GPU the same outputs, with the same gradients, come from two fused Triton kernels
+(``triton_pass``: one read of the logits forward, one read and one write backward) whenever they
+can: float32 or lower precision logits, Triton installed, and no ``chunk_size`` given (a chunk
+size asks for this chunked pass, whose knob it is).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ import torch
 # - GPU: a chunk must be big enough that its kernels run far longer than they take to launch
 #   (~5 us each). 2**26 elements (256 MiB of float32, 441 rows at V = 151,936) is one ~60 us
 #   sweep at an H200's ~4.3 TB/s. Measured on an H200 (benchmarks/RESULTS.md): 441 rows took
-#   67 ms at 0.81 GB above the gradient, 2048 rows 63 ms at 3.7 GB, 64 rows 118 ms; a GPU runs
-#   the fused kernels instead wherever they serve, so this is the fallback's size.
+#   66 ms at 0.81 GB above the gradient, 2048 rows 60 ms at 3.7 GB, 64 rows 118 ms; a GPU runs
+#   the fused kernels instead (12 ms), so this is the size of an explicit request for chunks.
 CHUNK_ELEMENTS = {"cpu": 2**19, "cuda": 2**26}
 # The logits dtypes the fused kernels take (computed in float32, like this pass).
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -81,7 +81,9 @@ class _ChunkedLogitsPass(torch.autograd.Function):
     ):
         ctx.fused = fused
         if fused:
-            return _fused_forward(ctx, logits, sampled, support_ids, second_order)
+            return _fused_forward(
+                ctx, logits, sampled, support_ids, second_order, entropy, support_grad
+            )
         n = logits.shape[0]
         cdt = compute_dtype(logits.dtype)
         m = support_ids.shape[1]
@@ -127,12 +129,14 @@ class _ChunkedLogitsPass(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_support, grad_tail, _sq, _cube, grad_entropy):
         logits, sampled, support_ids, tail_mass, ent, lse = ctx.saved_tensors
         nothing = (None,) * 7
-        if ctx.fused:  # only log pi(y) is differentiable there
-            if grad_logp is None:
-                return (None, *nothing)
+        if ctx.fused:
             from . import triton_pass
 
-            return (triton_pass.sampled_backward(logits, sampled, lse, grad_logp), *nothing)
+            grads = (grad_logp, grad_support, grad_tail, grad_entropy)
+            if all(g is None for g in grads):
+                return (None, *nothing)
+            args = (logits, sampled, support_ids, lse, tail_mass, ent)
+            return (triton_pass.backward(*args, *grads), *nothing)
         if grad_support is None and grad_tail is None and grad_entropy is None:
             if grad_logp is None:
                 return (None, *nothing)
@@ -182,30 +186,27 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         return (grad_logits, *nothing)
 
 
-def _fused_forward(ctx, logits, sampled, support_ids, second_order):
+def _fused_forward(ctx, logits, sampled, support_ids, second_order, entropy, support_grad):
     from . import triton_pass
 
     if logits.stride(-1) != 1:  # the kernels read each row as one contiguous run (rows may
         logits = logits.contiguous()  # be strided: each kernel takes its tensors' row strides)
-    outputs = triton_pass.statistics(logits, sampled, support_ids, second_order)
-    logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, lse = outputs
-    ctx.save_for_backward(logits, sampled, None, None, None, lse)
-    ctx.mark_non_differentiable(
-        *[t for t in (logp_support, tail_mass, tail_sq, tail_cube) if t is not None]
-    )
-    return logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, None
+    outputs = triton_pass.statistics(logits, sampled, support_ids, second_order, entropy)
+    logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, ent, lse = outputs
+    ctx.save_for_backward(logits, sampled, support_ids, tail_mass, ent, lse)
+    detached = [tail_sq] + ([tail_cube] if second_order else [])
+    if not support_grad:
+        detached += [logp_support, tail_mass]
+    ctx.mark_non_differentiable(*detached)
+    return logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, ent
 
 
-def fused_kernels_serve(
-    logits: torch.Tensor, chunk_size: int | None, entropy: bool, support_grad: bool
-) -> bool:
+def fused_kernels_serve(logits: torch.Tensor, chunk_size: int | None) -> bool:
     """Whether ``chunked_logits_pass`` runs the fused Triton kernels (see the module docstring)."""
     return (
         logits.is_cuda
         and logits.dtype in FUSED_DTYPES
         and chunk_size is None
-        and not entropy
-        and not support_grad
         and importlib.util.find_spec("triton") is not None
     )
 
@@ -242,7 +243,7 @@ def chunked_logits_pass(
     ``support_grad`` a duplicate slot's log-prob is differentiable like the first one's.
     """
     rows = rows_per_chunk(logits.shape[-1], chunk_size, logits.device)
-    fused = fused_kernels_serve(logits, chunk_size, entropy, support_grad)
+    fused = fused_kernels_serve(logits, chunk_size)
     out = _ChunkedLogitsPass.apply(
         logits, sampled, support_ids, rows, second_order, entropy, support_grad, fused
     )

@@ -9,17 +9,21 @@ once: the least traffic any loss over the logits can make.
 
 Forward (one program per row, float32 throughout): an online log-sum-exp, per lane, of the row's
 logits in blocks of ``BLOCK`` columns, and in the same sweep the tail's sums of ``pi``, ``pi**2``
-and ``pi**3`` over the ids *not* in the support, rescaled as the running maximum moves (a column
-is in the support when it equals one of the row's ``M`` support ids: the ids, sorted, are walked
-with the blocks, so a block costs one scalar compare beyond the ids it holds; a first version
-compared every id in every block and its forward took 20 ms where the backward took 2.6). The tail is summed directly, never as ``1 - sum over the support``, as
-the chunked pass does. Then ``log pi`` at the sampled and support ids are gathered from the
-logits minus the log-sum-exp. Backward (one program per row and block): ``-g (pi - e_y)``, written
-in the logits' dtype, rounded once.
+and ``pi**3`` over the ids *not* in the support, rescaled as the running maximum moves, and on
+request the entropy's ``E[z]``. A column is in the support when it equals one of the row's ``M``
+support ids: the ids, sorted, are walked with the blocks, so a block costs one scalar compare
+beyond the ids it holds (a first version compared every id in every block: its forward took 20 ms
+where the backward took 2.6). The tail is summed directly, never as ``1 - sum over the support``,
+as the chunked pass does. ``log pi`` at the sampled and support ids are the gathered logits minus
+the log-sum-exp.
 
-Only the outputs without a gradient of their own are computed here: ``logp_sampled`` (the one
-differentiable output), ``logp_support``, the tail's three sums. A recipe that differentiates the
-entropy or the support (``needs``) runs the chunked pass, as on CPU.
+Backward (one program per row and block): the chunked pass's gradient, term for term (see
+``logits_pass``): ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, rounded once into the
+logits' dtype; when the support's log-probs or the tail's mass receive a gradient, the entries at
+the support ids are computed again with their sparse terms, in float32, and written over.
+
+Every output of the chunked pass comes from these kernels, the differentiable entropy and support
+included, so every recipe runs them on a GPU.
 
 This module imports triton: ``logits_pass`` imports it only when the kernels can run.
 ``TRITON_INTERPRET=1`` (set before triton is imported) runs both kernels on CPU tensors in
@@ -44,8 +48,8 @@ _NEG = tl.constexpr(-1e30)
 @triton.jit
 def _forward(
     logits_ptr, stride, vocab, sampled_ptr, ids_ptr, sorted_ids_ptr, m_ids,
-    logp_sampled_ptr, logp_support_ptr, tail_ptr, tail_sq_ptr, tail_cube_ptr, lse_ptr,
-    BLOCK: tl.constexpr, M_PAD: tl.constexpr, CUBE: tl.constexpr,
+    logp_sampled_ptr, logp_support_ptr, tail_ptr, tail_sq_ptr, tail_cube_ptr, lse_ptr, ent_ptr,
+    BLOCK: tl.constexpr, M_PAD: tl.constexpr, CUBE: tl.constexpr, ENTROPY: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     base = logits_ptr + row * stride
@@ -62,6 +66,9 @@ def _forward(
     tail1 = tl.zeros([BLOCK], tl.float32)  # the same over the tail, and its squares, cubes
     tail2 = tl.zeros([BLOCK], tl.float32)
     tail3 = tl.zeros([BLOCK], tl.float32)
+    # sum exp(z - run_max) (z - run_max), per lane: the entropy's E[z], shifted so that it stays of
+    # the order of log V (not of |z|) and loses less to the final subtraction
+    shifted = tl.zeros([BLOCK], tl.float32)
     for start in range(0, vocab, BLOCK):
         cols = start + lanes
         z = tl.load(base + cols, mask=cols < vocab, other=-float("inf")).to(tl.float32)
@@ -74,6 +81,9 @@ def _forward(
             slot += 1
             next_id = tl.load(sorted_base + slot, mask=slot < m_ids, other=beyond)
         et = tl.where(in_support, 0.0, e)
+        if ENTROPY:  # z = -inf past the row's end: e (z - new_max) would be 0 * -inf
+            ez = tl.where(cols < vocab, e * (z - new_max), 0.0)
+            shifted = scale * (shifted + (run_max - new_max) * total) + ez
         total = total * scale + e
         tail1 = tail1 * scale + et
         tail2 = tail2 * (scale * scale) + et * et
@@ -89,6 +99,9 @@ def _forward(
     tl.store(tail_sq_ptr + row, tl.sum(tail2 * (w * w), 0) / (s * s))
     if CUBE:
         tl.store(tail_cube_ptr + row, tl.sum(tail3 * (w * w * w), 0) / (s * s * s))
+    if ENTROPY:  # H = lse - E[z] = log s - E[z - row_max]
+        mean_shifted = tl.sum(w * (shifted + (run_max - row_max) * total), 0) / s
+        tl.store(ent_ptr + row, tl.log(s) - mean_shifted)
     y = tl.load(sampled_ptr + row)
     tl.store(logp_sampled_ptr + row, tl.load(base + y).to(tl.float32) - lse)
     slots = tl.arange(0, M_PAD)
@@ -100,17 +113,20 @@ def _forward(
 
 @triton.jit
 def _backward(
-    logits_ptr, stride, vocab, sampled_ptr, lse_ptr, grad_logp_ptr, grad_ptr, grad_stride,
-    BLOCK: tl.constexpr,
+    logits_ptr, stride, vocab, sampled_ptr, lse_ptr, coef_ptr, grad_y_ptr, grad_h_ptr,
+    grad_ptr, grad_stride, BLOCK: tl.constexpr, ENTROPY: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     inside = cols < vocab
     z = tl.load(logits_ptr + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
     p = tl.exp(z - tl.load(lse_ptr + row))
+    dense = tl.load(coef_ptr + row)
+    if ENTROPY:  # a compile-time branch: the kernel without it reads no entropy gradient
+        dense = dense - tl.load(grad_h_ptr + row) * z
+    grad = p * dense
     y = tl.load(sampled_ptr + row)
-    g = tl.load(grad_logp_ptr + row)
-    grad = g * (tl.where(cols == y, 1.0, 0.0) - p)
+    grad = grad + tl.where(cols == y, tl.load(grad_y_ptr + row), 0.0)
     out = grad_ptr + row * grad_stride + cols
     tl.store(out, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
@@ -119,40 +135,75 @@ def _m_pad(m: int) -> int:
     return max(1, 1 << (max(m, 1) - 1).bit_length())
 
 
-def statistics(logits, sampled, support_ids, second_order: bool):
-    """The pass's forward: ``(logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, lse)``,
-    float32, for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``."""
+def statistics(logits, sampled, support_ids, second_order: bool, entropy: bool):
+    """The pass's forward, float32: ``(logp_sampled, logp_support, tail_mass, tail_sq, tail_cube,
+    entropy, lse)`` for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``
+    (``tail_cube`` and ``entropy`` None unless asked for)."""
     n, vocab = logits.shape
     m = support_ids.shape[1]
     f32 = dict(dtype=torch.float32, device=logits.device)
     logp_sampled, tail, tail_sq, lse = (torch.empty(n, **f32) for _ in range(4))
     logp_support = torch.empty(n, m, **f32)
     tail_cube = torch.empty(n, **f32) if second_order else None
+    ent = torch.empty(n, **f32) if entropy else None
     if n:
         ids = support_ids.contiguous().long()
         sorted_ids = torch.sort(ids, dim=1).values  # the kernel walks them with the blocks
         _forward[(n,)](
             logits, logits.stride(0), vocab, sampled.contiguous().long(), ids, sorted_ids, m,
             logp_sampled, logp_support, tail, tail_sq,
-            tail_cube if second_order else tail_sq,  # not written without CUBE
-            lse, BLOCK=BLOCK, M_PAD=_m_pad(m), CUBE=second_order, num_warps=WARPS,
+            tail_sq if tail_cube is None else tail_cube,  # written only when asked for
+            lse, tail_sq if ent is None else ent,
+            BLOCK=BLOCK, M_PAD=_m_pad(m), CUBE=second_order, ENTROPY=entropy, num_warps=WARPS,
         )  # fmt: skip
-    return logp_sampled, logp_support, tail, tail_sq, tail_cube, lse
+    return logp_sampled, logp_support, tail, tail_sq, tail_cube, ent, lse
+
+
+def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g_h):
+    """The gradient of the pass's differentiable outputs, in the logits' dtype (contiguous: the
+    logits' rows may be a strided view), from the upstream gradients of ``log pi(y)`` (``g_y``),
+    ``log pi`` at the support (``g_s [N, M]``), the tail's mass (``g_t``) and the entropy
+    (``g_h``); any may be None. The same terms as ``logits_pass``'s chunked backward: a dense
+    ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, written by one kernel; where the
+    support or the tail has a gradient, its sparse terms are added at the support ids in float32
+    and each of those entries is written once more (rounded once, like every other entry)."""
+    n, vocab = logits.shape
+    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
+    if not n:
+        return grad
+    zeros = torch.zeros(n, dtype=torch.float32, device=logits.device)
+    g_y = zeros if g_y is None else g_y.float().contiguous()
+    coef = -g_y  # every output's -g pi_j part, per row (see logits_pass's docstring)
+    if g_s is not None:
+        coef = coef - g_s.float().sum(-1)
+    if g_t is not None:
+        coef = coef + g_t.float() * (1 - tail_mass)
+    if g_h is not None:
+        coef = coef + g_h.float() * (lse - ent)
+    grid = (n, -(-vocab // BACKWARD_BLOCK))
+    _backward[grid](
+        logits, logits.stride(0), vocab, sampled.contiguous().long(), lse, coef.contiguous(),
+        g_y, zeros if g_h is None else g_h.float().contiguous(), grad, grad.stride(0),
+        BLOCK=BACKWARD_BLOCK, ENTROPY=g_h is not None, num_warps=WARPS,
+    )  # fmt: skip
+    if g_s is not None or g_t is not None:
+        ids = support_ids.long()
+        z_s = logits.gather(1, ids).float()
+        p_s = torch.exp(z_s - lse[:, None])
+        dense_s = coef[:, None] if g_h is None else coef[:, None] - g_h.float()[:, None] * z_s
+        value = p_s * dense_s + (ids == sampled[:, None]) * g_y[:, None]
+        if g_t is not None:  # the tail's dT/dz_j has pi_j only off the support
+            value = value - g_t.float()[:, None] * p_s
+        if g_s is not None:  # every slot holding this id adds its own gradient
+            same = ids[:, :, None] == ids[:, None, :]
+            value = value + (same * g_s.float()[:, None, :]).sum(-1)
+        grad.scatter_(1, ids, value.to(grad.dtype))  # duplicate ids write one value
+    return grad
 
 
 def sampled_backward(logits, sampled, lse, grad_logp):
-    """``d(sum g log pi(y)) / d logits = g (e_y - pi)``, in the logits' dtype (contiguous: the
-    logits' rows may be a strided view)."""
-    n, vocab = logits.shape
-    grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
-    if n:
-        grid = (n, -(-vocab // BACKWARD_BLOCK))
-        _backward[grid](
-            logits, logits.stride(0), vocab, sampled.contiguous().long(), lse,
-            grad_logp.float().contiguous(), grad, grad.stride(0), BLOCK=BACKWARD_BLOCK,
-            num_warps=WARPS,
-        )  # fmt: skip
-    return grad
+    """``backward`` when only ``log pi(y)`` has a gradient: ``g (e_y - pi)``."""
+    return backward(logits, sampled, None, lse, None, None, grad_logp, None, None, None)
 
 
 # Argument types as Triton's compiler takes them (bf16 logits), for ``compile_for``.
@@ -162,18 +213,20 @@ _SIGNATURES = {
             "logits_ptr": "*bf16", "stride": "i32", "vocab": "i32", "sampled_ptr": "*i64",
             "ids_ptr": "*i64", "sorted_ids_ptr": "*i64", "m_ids": "i32", "logp_sampled_ptr": "*fp32",
             "logp_support_ptr": "*fp32", "tail_ptr": "*fp32", "tail_sq_ptr": "*fp32",
-            "tail_cube_ptr": "*fp32", "lse_ptr": "*fp32", "BLOCK": "constexpr",
-            "M_PAD": "constexpr", "CUBE": "constexpr",
+            "tail_cube_ptr": "*fp32", "lse_ptr": "*fp32", "ent_ptr": "*fp32",
+            "BLOCK": "constexpr", "M_PAD": "constexpr", "CUBE": "constexpr",
+            "ENTROPY": "constexpr",
         },
-        {"BLOCK": BLOCK, "M_PAD": 32, "CUBE": True},
+        {"BLOCK": BLOCK, "M_PAD": 32, "CUBE": True, "ENTROPY": True},
     ),
     "_backward": (
         {
             "logits_ptr": "*bf16", "stride": "i32", "vocab": "i32", "sampled_ptr": "*i64",
-            "lse_ptr": "*fp32", "grad_logp_ptr": "*fp32", "grad_ptr": "*bf16",
-            "grad_stride": "i32", "BLOCK": "constexpr",
+            "lse_ptr": "*fp32", "coef_ptr": "*fp32", "grad_y_ptr": "*fp32",
+            "grad_h_ptr": "*fp32", "grad_ptr": "*bf16", "grad_stride": "i32",
+            "BLOCK": "constexpr", "ENTROPY": "constexpr",
         },
-        {"BLOCK": BACKWARD_BLOCK},
+        {"BLOCK": BACKWARD_BLOCK, "ENTROPY": True},
     ),
 }  # fmt: skip
 
