@@ -9,8 +9,8 @@ For token t, with pdm-agg's mask (D_t = KL_topK(mu || pi) > delta and A_t Ddot_a
 so on a masked token the gradient is -beta dH/dz = beta pi_j (log pi_j + H) per logit z_j: the
 bonus keeps the distribution from collapsing exactly where the trust region stops the update,
 instead of leaving those tokens without any gradient. H_t is exact and differentiable (the
-recipe needs `entropy`: the chunked logits pass computes it with its gradient, without an [N, V]
-float32 copy). An entropy bonus on every token is verl's `entropy_coeff` (Williams and Peng,
+recipe needs `entropy`: the logits pass computes it with its gradient, without an [N, V] float32
+copy). An entropy bonus on every token is verl's `entropy_coeff` (Williams and Peng,
 "Function optimization using connectionist reinforcement learning algorithms", 1991; Mnih et
 al., "Asynchronous methods for deep reinforcement learning", 2016); here it acts only where the
 mask acts. The mean entropy of the masked tokens is logged as `actor/pdm/recipe/masked_entropy`.

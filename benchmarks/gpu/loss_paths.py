@@ -14,8 +14,7 @@ Paths, all on the same inputs, interleaved:
   recipe's method (top-20 statistics, mask, loss, diagnostics), as it runs by default: on a GPU
   the fused Triton pass (``trust_region.triton_pass``), on CPU the chunked one;
 - ``pdm-agg-chunked``: pdm-agg through the chunked torch pass at the device's default chunk (what
-  a GPU ran before the fused pass, and still runs for recipes that differentiate the entropy or
-  the support).
+  a GPU ran before the fused pass, and runs when a chunk size is given).
 
 Then pdm-agg's chunked pass over a sweep of chunk sizes (rows per chunk), which is what the
 device's default chunk size (``trust_region.logits_pass.CHUNK_ELEMENTS``) follows from.
