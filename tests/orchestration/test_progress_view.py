@@ -194,6 +194,32 @@ def test_the_summary_gives_each_setting_mean_and_sd_over_seeds_and_each_failure(
     assert failed == ["failed dppo-topk-kl-s1: RuntimeError: loss is NaN"], failed
 
 
+def test_lr0_controls_are_a_row_of_their_own_never_seeds_of_the_trained_method():
+    """main-figure's lr = 0 controls share method, model, precision and delta with the trained
+    dppo-topk-kl trials: grouped by those alone, a control's ~0.1 was averaged into the method's
+    ~0.8 (one row, n = 4, 0.468 ± 0.396). A run's label tag says what it is; a run logged before
+    runs carried one is told apart by its knob tags."""
+    from pdmask.registry import load_registry
+
+    reg = load_registry()
+    trials = reg.expand("main-figure")
+    control = next(t for t in trials if t.sim.get("lr") == 0)
+    trained = next(t for t in trials if t.method == control.method and not t.sim)
+    assert control.tags()["pdm.label"] == f"{control.method} (lr = 0 mismatch control)"
+    assert trained.tags()["pdm.label"] == trained.method
+    label = control.tags()["pdm.label"]
+    runs = [
+        _run("dppo-topk-kl", 0, (0.8, 0.8), **{"pdm.label": "dppo-topk-kl"}),
+        _run("dppo-topk-kl", 1, (0.82, 0.82), **{"pdm.label": "dppo-topk-kl"}),
+        _run("dppo-topk-kl", 2, (0.13, 0.13), **{"pdm.label": label, "pdm.sim.lr": "0.0"}),
+        _run("dppo-topk-kl", 3, (0.12, 0.12), **{"pdm.sim.lr": "0.0"}),  # before the label tag
+    ]
+    results = {r["setting"]: r for r in results_by_setting(runs, METRICS)}
+    assert set(results) == {"dppo-topk-kl", label}
+    assert results["dppo-topk-kl"]["n"] == 2 and math.isclose(results["dppo-topk-kl"]["mean"], 0.81)
+    assert results[label]["n"] == 2 and math.isclose(results[label]["mean"], 0.125)
+
+
 def test_a_search_summary_keeps_its_best_trial_and_the_elsewhere_count():
     best = {"value": 0.42, "run_id": "r9", "run_name": "pdm-agg-s0", "delta": "0.1"}
     outcome = SweepOutcome(0, 0, 3, 0, elsewhere=1, best=best)

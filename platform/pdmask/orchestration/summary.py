@@ -2,9 +2,11 @@
 each failed trial failed. Pure: read from the runs ``runner._settle`` already holds.
 
 A run's final value is the mean of the backend's evaluation metrics (``eval_metrics``: one per
-dataset) at its last logged step, as the figures plot it. Runs are grouped by method and by
-every other axis of the trial (model, precision, delta) that differs between them; the seeds
-of a group are its samples: mean ± sample standard deviation (none for a single seed).
+dataset) at its last logged step, as the figures plot it. Runs are grouped by their method as
+tables show it (``Trial.method_label``: the parameters it varies and what the embedded knobs make
+of it, so the lr = 0 controls are rows of their own, never seeds of the trained method) and by
+every other axis of the trial (model, precision, delta) that differs between them; the seeds of a
+group are its samples: mean ± sample standard deviation (none for a single seed).
 """
 
 from __future__ import annotations
@@ -12,8 +14,12 @@ from __future__ import annotations
 from statistics import mean, stdev
 from typing import Any
 
-# The trial axes a result row is told apart by, as the run tags name them (Trial.tags()).
-AXES = ("pdm.method", "pdm.model", "pdm.precision", "pdm.delta")
+from pdmask.registry.sim_knobs import knobs_label
+
+# The trial axes a result row is told apart by, as the run tags name them (Trial.tags()); the
+# first is the method's label.
+AXES = ("pdm.label", "pdm.model", "pdm.precision", "pdm.delta")
+SIM_TAG_PREFIX = "pdm.sim."
 FAILURE_REASON_TAG = "pdm.failure_reason"
 
 
@@ -37,7 +43,7 @@ def results_by_setting(runs: list, metrics: list[str]) -> list[dict[str, Any]]:
     for run in runs:
         value = final_value(run, metrics) if run.info.status == "FINISHED" else None
         if value is not None:
-            key = tuple(run.data.tags.get(axis, "") for axis in AXES)
+            key = (_label(run.data.tags), *(run.data.tags.get(axis, "") for axis in AXES[1:]))
             groups.setdefault(key, []).append(value)
     varying = [i for i in range(1, len(AXES)) if len({k[i] for k in groups}) > 1]
     rows = []
@@ -46,6 +52,22 @@ def results_by_setting(runs: list, metrics: list[str]) -> list[dict[str, Any]]:
         setting = " ".join([key[0], *(_axis_text(AXES[i], key[i]) for i in varying)])
         rows.append({"setting": setting, "n": len(values), "mean": m, "sd": sd})
     return sorted(rows, key=lambda r: r["setting"])
+
+
+def _label(tags: dict[str, str]) -> str:
+    """The run's method label; for a run logged before runs carried one, its method and its
+    embedded knobs (the ``pdm.sim.*`` tags), which is what told controls apart."""
+    if tags.get("pdm.label"):
+        return tags["pdm.label"]
+    knobs = {}
+    for key, value in tags.items():
+        if key.startswith(SIM_TAG_PREFIX):
+            try:
+                knobs[key.removeprefix(SIM_TAG_PREFIX)] = float(value)
+            except ValueError:
+                knobs[key.removeprefix(SIM_TAG_PREFIX)] = value
+    method = tags.get("pdm.method", "")
+    return f"{method} ({knobs_label(knobs)})" if knobs else method
 
 
 def _axis_text(axis: str, value: str) -> str:
