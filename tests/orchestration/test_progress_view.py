@@ -178,7 +178,7 @@ def test_the_summary_gives_each_setting_mean_and_sd_over_seeds_and_each_failure(
 
     outcome = _concluded(SweepOutcome(4, 1, 0, 0, elsewhere=2), runs, METRICS, started=None)
     outcome.wall_s = 83.0
-    console = Console(record=True, width=120)
+    console = Console(record=True, width=400)  # a deep state folder's path stays on its line
     sweep = SimpleNamespace(name="demo", search=None)
     _summary(console, sweep, outcome, "sqlite:///x.db")
     text = console.export_text()
@@ -191,7 +191,11 @@ def test_the_summary_gives_each_setting_mean_and_sd_over_seeds_and_each_failure(
     dppo_line = next(ln for ln in rows if ln.startswith("dppo-topk-kl"))
     assert dppo_line.split()[1:] == ["1", "0.300"], dppo_line
     failed = [ln for ln in text.splitlines() if ln.startswith("failed ")]
-    assert failed == ["failed dppo-topk-kl-s1: RuntimeError: loss is NaN"], failed
+    assert failed == [
+        "failed dppo-topk-kl-s1: RuntimeError: loss is NaN (its log: `pdm logs dppo-topk-kl-s1`)"
+    ], failed
+    logs = next(ln for ln in text.splitlines() if ln.startswith("trial logs: "))
+    assert logs.endswith("logs/demo (`pdm logs RUN` prints one)"), logs
 
 
 def test_lr0_controls_are_a_row_of_their_own_never_seeds_of_the_trained_method():

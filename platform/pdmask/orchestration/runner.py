@@ -471,13 +471,24 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
         console.print(table(title, ["setting", "n", "mean ± sd"], body))
         console.print(f"{HEADLINE_LABEL}: the mean of {', '.join(out.headline)} at the last step")
     for f in out.failures:
-        console.print(f"[red]failed[/red] {escape(f['name'])}: {escape(f['reason'])}")
+        console.print(
+            f"[red]failed[/red] {escape(f['name'])}: {escape(f['reason'])} "
+            f"(its log: `pdm logs {escape(f['name'])}`)"
+        )
     if out.best:
         console.print(
             f"best trial: {out.best['run_name']} ({sweep.search.metric} = {out.best['value']:.4f}, "
             f"delta = {out.best['delta']}, run {out.best['run_id']})"
         )
     console.print(f"runs: {redact(uri)} (experiment {sweep.name}); inspect with `pdm ui`")
+    console.print(f"trial logs: {trial_logs_dir(sweep.name)} (`pdm logs RUN` prints one)")
+
+
+def trial_logs_dir(sweep: str):
+    """The folder of ``sweep``'s trial logs (``trial_logs.log_path``)."""
+    from pdmask.orchestration.trial_logs import log_path
+
+    return log_path(sweep, "RUN").parent
 
 
 def _build_figures(
