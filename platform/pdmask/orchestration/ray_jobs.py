@@ -540,4 +540,7 @@ def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> 
             wrap={"last error"},
         )
     )
+    from pdmask.orchestration.runner import trial_logs_dir
+
     console.print(f"runs: {uri} (experiment {sweep.name}); inspect with `pdm ui`")
+    console.print(f"trial logs: {trial_logs_dir(sweep.name)} (`pdm logs RUN` prints one)")
