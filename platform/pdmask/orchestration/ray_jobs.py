@@ -74,6 +74,7 @@ from pdmask.orchestration.ray_jobs_cluster import (
 from pdmask.registry import CLUSTERS, Trial
 from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
 from pdmask.tracking.runs import take_watchdog_reason, with_retry
+from pdmask.tracking.store import redact
 
 FINISHED_BY_TAG = "pdm.finished_by"
 
@@ -194,7 +195,7 @@ def _run_on(
     todo = [j for j in jobs if j.trial.trial_hash not in done]
     console.print(
         f"sweep {sweep.name}: {len(jobs)} trials, {len(jobs) - len(todo)} already finished, "
-        f"{len(todo)} to run as Ray jobs on {cluster.address} (tracking: {uri})"
+        f"{len(todo)} to run as Ray jobs on {cluster.address} (tracking: {redact(uri)})"
     )
     with handled() as stop:  # SIGINT, SIGTERM, SIGHUP: return at the next round
         runner = JobRunner(
@@ -542,5 +543,5 @@ def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> 
     )
     from pdmask.orchestration.runner import trial_logs_dir
 
-    console.print(f"runs: {uri} (experiment {sweep.name}); inspect with `pdm ui`")
+    console.print(f"runs: {redact(uri)} (experiment {sweep.name}); inspect with `pdm ui`")
     console.print(f"trial logs: {trial_logs_dir(sweep.name)} (`pdm logs RUN` prints one)")
