@@ -206,3 +206,10 @@ def test_a_recipe_error_in_training_fails_once_by_name(project):
     assert run.info.status == "FAILED"
     assert run.data.tags["pdm.attempts"] == "1"  # a recipe bug is not retried
     assert "recipes/fragile.py:" in run.data.tags["pdm.failure_reason"]
+    # the recipe's error, named as such: never "configuration" (exit 2: fix it, then rerun)
+    assert out.returncode == 2
+    assert run.data.tags["pdm.failure_reason"].startswith("recipe error: ")
+    assert run.data.tags["pdm.failure_kind"] == "recipe"
+    assert "configuration" not in text.replace("configuration refused", "")
+    row = next(ln for ln in out.stdout.splitlines() if "recipe error (fix the recipe file" in ln)
+    assert row.split()[-1] == "1", row

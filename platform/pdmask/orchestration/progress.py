@@ -201,6 +201,7 @@ class SweepProgress(Callback):
                 "already-done": "skipped",
                 "claimed-elsewhere": "elsewhere",
                 "config-error": "config error",
+                "recipe-error": "recipe error",
             }.get(outcome, "failed")
             detail = f" (eval {row.eval:.3f})" if row.eval is not None else ""
             if result.get("pdm_error"):  # a configuration or recipe error: show it, not retried

@@ -23,7 +23,7 @@ from pdmask.console import table
 
 HEADLINE_LABEL = "avg@16"  # the headline metric's column (its name: the backend's eval_metrics)
 RUNNING = ("running", "waiting", "retrying")
-FAILED = ("failed", "config error")
+FAILED = ("failed", "config error", "recipe error")
 DONE = ("done", "skipped", "elsewhere")
 # Lines of the view besides its rows: the header; the table's title, the blank line under it,
 # its column names and rule, its closing blank line; and one left free, so that the terminal

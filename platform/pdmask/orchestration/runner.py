@@ -6,8 +6,9 @@ concurrency, retries on crashes) → runs left RUNNING by an interrupt become KI
 next time) → summary → figures, drawn from this sweep's own trials.
 
 Exit codes: 0 all finished and drawn; 1 a trial failed or a figure could not be built; 2 a
-trial's configuration was refused; ``EXIT_INTERRUPTED`` (130) interrupted (SIGINT, SIGTERM, or
-trials left unfinished), resumable by running the same command again.
+trial's configuration was refused or its recipe raised (neither is retried: fix, then rerun);
+``EXIT_INTERRUPTED`` (130) interrupted (SIGINT, SIGTERM, or trials left unfinished), resumable
+by running the same command again.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class SweepOutcome:
     elsewhere: int = 0  # RUNNING under another live invocation's claim
     best: dict[str, Any] | None = None
     config_errors: int = 0  # FAILED because their configuration was refused (never retried)
+    recipe_errors: int = 0  # FAILED because their recipe's code raised (never retried)
     lost_cluster: str | None = None  # why the sweep ended early: its Ray cluster was lost
     wall_s: float | None = None  # from the invocation's start to its trials' settling
     # the final headline metric of each setting over its seeds (summary.results_by_setting)
@@ -58,8 +60,8 @@ class SweepOutcome:
 
 def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOptions) -> int:
     """Run ``trials`` (the expanded ``sweep``): 0 when every one finished, 1 when some failed or
-    a figure could not be drawn, 2 when a trial's configuration was refused, 130 when interrupted
-    (rerunning resumes). Callers: ``pdmask.api``, after ``preflight.checked_trials``."""
+    a figure could not be drawn, 2 when a trial's configuration was refused or its recipe raised,
+    130 when interrupted (rerunning resumes). Callers: ``pdmask.api``, after ``preflight.checked_trials``."""
     from pdmask.orchestration.driver_logs import routed
     from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
     from pdmask.registry.backends import Launch, backend_spec
@@ -116,7 +118,7 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
     if interrupts.requested or outcome.interrupted:
         console.print("interrupted: run the same command again to resume")
         return EXIT_INTERRUPTED
-    if outcome.config_errors:
+    if outcome.config_errors or outcome.recipe_errors:
         return 2
     return 0 if outcome.failed == 0 and figures_failed == 0 else 1
 
@@ -342,7 +344,7 @@ def _settle(
     from pdmask.tracking.runs import find_trial_runs, with_retry
 
     by_hash = runs_by_hash(client, experiment_id)
-    finished = failed = interrupted = elsewhere = config_errors = 0
+    finished = failed = interrupted = elsewhere = config_errors = recipe_errors = 0
     hashes = list(by_hash) if sweep.search is not None else [t.trial_hash for t in trials]
     read = []  # each trial's runs as last read
     for h in hashes:
@@ -359,6 +361,8 @@ def _settle(
                 finished += 1
             elif any(r.data.tags.get(FAILURE_KIND_TAG) == "config" for r in runs):
                 config_errors += 1
+            elif any(r.data.tags.get(FAILURE_KIND_TAG) == "recipe" for r in runs):
+                recipe_errors += 1
             elif "FAILED" in statuses:
                 failed += 1
             elif not ours:  # another live invocation trains it now
@@ -378,6 +382,7 @@ def _settle(
         elsewhere=elsewhere,
         best=_best(client, experiment_id, sweep),
         config_errors=config_errors,
+        recipe_errors=recipe_errors,
     )
     return _concluded(outcome, read, list(headline), started)
 
@@ -460,6 +465,7 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
         ["already finished (skipped)", out.skipped],
         ["failed", out.failed],
         ["configuration refused (fix it; never retried)", out.config_errors],
+        ["recipe error (fix the recipe file; never retried)", out.recipe_errors],
         ["interrupted (resume: run again)", out.interrupted],
         ["running in another invocation", out.elsewhere],
     ]

@@ -134,10 +134,11 @@ def _attempt(
         return _train(config, trial, run, base, redact(uri))
     except ConfigError as err:  # never retried: the same input fails the same way
         # A bug in the recipe's file is the recipe's, not the sweep's configuration.
-        label = "recipe error" if isinstance(err, RecipeError) else "configuration error"
+        kind = "recipe" if isinstance(err, RecipeError) else "config"
+        label = {"recipe": "recipe error", "config": "configuration error"}[kind]
         print(f"{label}: {err}", file=sys.stderr)  # the trial's log says it too
-        run.fail(f"{label}: {err}", final=True, kind="config")
-        return {**base, "pdm_outcome": "config-error", "pdm_error": str(err)[:500]}
+        run.fail(f"{label}: {err}", final=True, kind=kind)
+        return {**base, "pdm_outcome": f"{kind}-error", "pdm_error": str(err)[:500]}
     except (KeyboardInterrupt, SystemExit):
         # Tune stopping the trial (it raises SystemExit inside tune.report): the trial is
         # resumable, not failed.

@@ -179,7 +179,8 @@ class TrialRun:
 
     def fail(self, reason: str, final: bool = True, kind: str = "crash") -> None:
         """Record a failure reason; ``final`` marks the run FAILED (no retry left). ``kind``
-        (tag ``pdm.failure_kind``): ``crash``, or ``config`` for a configuration error."""
+        (tag ``pdm.failure_kind``): ``crash``, ``stall``, ``config`` for a configuration error,
+        ``recipe`` for an error in the recipe's own code."""
         run = with_retry(lambda: self.client.get_run(self.run_id))
         _append_failure(self.client, run, reason)
         with_retry(lambda: self.client.set_tag(self.run_id, "pdm.failure_reason", reason[:4000]))
