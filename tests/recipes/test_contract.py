@@ -66,12 +66,12 @@ def test_param_check_refuses_nan_inf_and_floats_for_integers():
 def test_roles_are_declared_once_and_typed(project):
     write(
         project,
-        "two_deltas",
+        "two_ks",
         recipe_call(
-            "two-deltas",
+            "two-ks",
             'proximity="kl_topk", direction="ratio", '
-            'params={"a": Param(default=0.1, role="delta", description="x"), '
-            '"b": Param(default=0.2, role="delta", description="y")}',
+            'params={"a": Param(default=8, role="topk", description="x"), '
+            '"b": Param(default=20, role="topk", description="y")}',
         ),
     )
     write(
@@ -85,7 +85,7 @@ def test_roles_are_declared_once_and_typed(project):
     )
     reg = load_registry(project)
     messages = {Path(p.file).name: p.message for p in reg.recipe_problems}
-    assert "already played" in messages["two_deltas.py"]
+    assert "already played" in messages["two_ks.py"]
     assert "needs a int parameter" in messages["float_k.py"]
 
 
@@ -208,6 +208,49 @@ def test_a_trial_trains_the_source_planned_with_its_sweep(project):
     from pdmask.backends.verl.file_recipes import FileRecipe
 
     assert FileRecipe.of_trial(trial).source == trial.recipe_source.text
+
+
+def test_the_delta_axis_sets_every_threshold_a_method_has(project):
+    """A method with one threshold per advantage sign gives both the delta role: the sweep's
+    delta axis sets both, a cell that sets one by name keeps its value, and trials that differ
+    in it differ in name (the first declared threshold is the trial's delta)."""
+    write(
+        project,
+        "two_thresholds",
+        recipe_call(
+            "two-thresholds",
+            'proximity="kl_topk", direction="ddot_agg", '
+            'params={"delta_pos": Param(default=0.1, ge=1e-6, role="delta", description="A > 0"), '
+            '"delta_neg": Param(default=0.1, ge=1e-6, role="delta", description="A < 0")}, '
+            'needs=("behaviour_topk",)',
+        ),
+    )
+    grid = "method: [two-thresholds], model: [qwen3-4b-base], precision: [bf16]"
+    (project / "sweeps" / "both.yaml").write_text(
+        f"name: both\ndescription: x\nseeds: 1\ngrid: {{{grid}, delta: [0.05, 0.15]}}\n"
+    )
+    (project / "sweeps" / "apart.yaml").write_text(
+        f"name: apart\ndescription: x\nseeds: 1\n"
+        f"grid: {{{grid}, delta: [0.05], params.delta_neg: [0.05, 0.3]}}\n"
+    )
+    reg = load_registry(project)
+    assert not reg.recipe_problems, reg.recipe_problems
+    recipe = reg.recipes["two-thresholds"]
+    assert recipe.role_params("delta") == ["delta_pos", "delta_neg"]
+    both = {t.delta: t for t in reg.expand("both")}
+    assert sorted(both) == [0.05, 0.15]
+    for delta, t in both.items():
+        assert t.params == {"delta_pos": delta, "delta_neg": delta}, t.params
+        assert t.varied_params() == {} and f"-d{delta:g}-" in t.run_name()
+    apart = reg.expand("apart")
+    assert sorted(t.params["delta_neg"] for t in apart) == [0.05, 0.3]
+    assert all(t.delta == 0.05 and t.params["delta_pos"] == 0.05 for t in apart)
+    names = sorted(t.run_name() for t in apart)
+    assert len(set(names)) == 2 and any("delta_neg0.3" in n for n in names), names
+    assert recipe.with_roles(recipe.resolve_params({})[0], {"delta": 0.2}) == {
+        "delta_pos": 0.2,
+        "delta_neg": 0.2,
+    }
 
 
 # -- axes only where they apply ------------------------------------------------------------------

@@ -17,8 +17,10 @@ discovered, validated (also by running it on synthetic batches), listed, usable 
 and trained by every backend that can supply its inputs.
 
 **Parameter roles.** A few parameters mean something to the platform beyond the recipe's own
-functions; a :class:`Param` says so with ``role`` (one parameter per role), and backends ask the
-recipe for the parameter of a role instead of guessing from names. ``PARAM_ROLES`` documents them.
+functions; a :class:`Param` says so with ``role``, and backends ask the recipe for the parameter
+of a role instead of guessing from names. ``PARAM_ROLES`` documents them. One parameter per role,
+but for ``delta``: a method with several thresholds (one per advantage sign, say) gives each of
+them the role, and a sweep's ``delta`` axis sets them all.
 """
 
 from __future__ import annotations
@@ -52,7 +54,9 @@ PARAM_ROLES: dict[str, str] = {
     "delta": "the trust-region radius of the proximity test. A sweep's `delta` axis sets this "
     "parameter; a recipe without one is not crossed with that axis (one trial, no delta in its "
     "name or tags). The backends log the out-of-region diagnostics against it (VeRL: "
-    "`policy_loss.pdm_delta`).",
+    "`policy_loss.pdm_delta`). The one role several parameters may play (a method with several "
+    "thresholds): the axis sets every one that the cell does not set by name "
+    "(`params.<name>`), and the first declared is the trial's delta.",
     "topk": "K, how many of the behaviour policy's top log-probs the rollout engine returns per "
     "token (embedded backend: the behaviour copy's top-K view; VeRL: `policy_loss.pdm_topk` and "
     "`rollout.custom.pdm_topk`).",
@@ -65,6 +69,8 @@ PARAM_ROLES: dict[str, str] = {
     "verl's `clip_ratio_high`.",
 }
 """Every role a parameter may play, and what reads it."""
+# The roles several parameters of one recipe may play (each of them is set from the one axis).
+SHARED_ROLES = frozenset({"delta"})
 assert set(PARAM_ROLES) == set(get_args(ParamRole))
 _ROLE_KINDS = {
     "delta": "float",
@@ -298,7 +304,7 @@ class Recipe(BaseModel):
         for pname, p in self.params.items():
             if p.role is None:
                 continue
-            if p.role in by_role:
+            if p.role in by_role and p.role not in SHARED_ROLES:
                 raise ValueError(
                     f"params.{pname}: role {p.role!r} is already played by {by_role[p.role]!r}"
                 )
@@ -312,11 +318,16 @@ class Recipe(BaseModel):
 
     # -- roles -------------------------------------------------------------------------------
 
-    def role_param(self, role: str) -> str | None:
-        """The name of the parameter playing ``role`` (see PARAM_ROLES), None if none does."""
+    def role_params(self, role: str) -> list[str]:
+        """The names of the parameters playing ``role`` (see PARAM_ROLES), as declared: one at
+        most, but for the roles in ``SHARED_ROLES``."""
         if role not in PARAM_ROLES:
             raise KeyError(f"unknown parameter role {role!r}; known: {sorted(PARAM_ROLES)}")
-        return next((name for name, p in self.params.items() if p.role == role), None)
+        return [name for name, p in self.params.items() if p.role == role]
+
+    def role_param(self, role: str) -> str | None:
+        """The name of the (first declared) parameter playing ``role``, None if none does."""
+        return next(iter(self.role_params(role)), None)
 
     def role_value(self, role: str, params: Mapping[str, Any]) -> Any:
         """The value of the parameter playing ``role`` in ``params`` (None if no parameter
@@ -329,8 +340,7 @@ class Recipe(BaseModel):
         None values, are ignored)."""
         out = dict(params)
         for role, value in values.items():
-            name = self.role_param(role)
-            if name is not None and value is not None:
+            for name in self.role_params(role) if value is not None else ():
                 out[name] = self.params[name].normalise(value)
         return out
 

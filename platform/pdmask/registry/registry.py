@@ -246,9 +246,10 @@ class Registry:
                 src.problem(delta[1], f"delta must be a positive number, got {delta[0]!r}")
             )
         elif recipe.uses_delta and delta[0] is not None:
-            # The axis sets the recipe's delta-role parameter; a recipe without one ignores the
-            # axis (its cells collapse into one trial: same hash).
-            overrides[recipe.role_param("delta")] = float(delta[0])
+            # The axis sets the recipe's delta-role parameters, each one the cell does not set by
+            # name; a recipe without one ignores the axis (its cells collapse into one trial).
+            for name in recipe.role_params("delta"):
+                overrides.setdefault(name, float(delta[0]))
         params, errors = recipe.resolve_params(overrides)
         for key, err in errors:
             path = cell.get(f"params.{key}", cell.get(key, (None, ("grid",))))[1]

@@ -130,14 +130,15 @@ class Trial(BaseModel):
 
     def varied_params(self) -> dict[str, Any]:
         """The recipe's parameters this trial sets away from their defaults, by name (delta
-        aside: it has its own axis, tag and place in the run name)."""
+        aside: it has its own axis, tag and place in the run name; a second delta-role parameter
+        set apart from the trial's delta is a varied parameter like any other)."""
         declared = self.recipe().params
         return {
             name: value
             for name, value in sorted(self.params.items())
             if name in declared
-            and declared[name].role != "delta"
             and declared[name].default != value
+            and not (declared[name].role == "delta" and value == self.delta)
         }
 
     def method_label(self) -> str:
