@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 from types import SimpleNamespace
 
 from rich.console import Console
@@ -123,6 +124,32 @@ def test_off_a_terminal_a_heartbeat_with_the_counts_and_eta_every_heartbeat_inte
     progress.on_step_begin(0, [])
     assert len(beats()) == 3
     assert "started (attempt 1)" in out.getvalue()  # the trial events are still lines
+
+
+def test_on_a_terminal_under_ci_the_heartbeat_lines_replace_the_live_table(monkeypatch):
+    """A CI runner often gives its job a terminal whose output is a log: CI=true turns the live
+    table (redrawn in place, unreadable in a log) into the heartbeat lines."""
+    names = {"h00": "trial-00"}
+
+    def progress_on_a_terminal(out: io.StringIO) -> SweepProgress:
+        console = Console(file=out, width=200, force_terminal=True)
+        assert console.is_terminal
+        return SweepProgress(names, console, sweep="ci", clock=Clock(0.0))
+
+    monkeypatch.setenv("CI", "true")
+    out = io.StringIO()
+    progress = progress_on_a_terminal(out)
+    assert progress.live is None
+    progress.on_step_begin(0, [])
+    text = re.sub(r"\x1b\[[0-9;]*m", "", out.getvalue())  # a terminal's colours
+    assert "ci: 0/1 done, 0 running, 0 failed, 1 queued; elapsed 0s" in text, text
+    progress.close()
+    monkeypatch.delenv("CI")
+    live = progress_on_a_terminal(io.StringIO())
+    try:
+        assert live.live is not None  # a person's terminal: the live table
+    finally:
+        live.close()
 
 
 def test_a_phase_says_what_it_does_then_how_long_it_took():

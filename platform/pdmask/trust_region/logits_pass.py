@@ -165,11 +165,17 @@ class _ChunkedLogitsPass(torch.autograd.Function):
             stop = min(start + ctx.rows, n)
             ids = support_ids[start:stop]
             if g_h is not None:
-                # pi_j (c - g_H z_j): a copy of the chunk's logits, not a second exp over it
+                # pi_j (c - g_H z_j): c - g_H z read from the chunk's logits and written in one
+                # sweep (not a copy, then a multiply and an add), then times pi
                 probs = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
                 pi_s = probs.gather(1, ids)
-                grad = scratch[: stop - start].copy_(logits[start:stop])
-                grad.mul_(-g_h[start:stop, None]).add_(c[start:stop, None]).mul_(probs)
+                grad = torch.addcmul(
+                    c[start:stop, None],
+                    logits[start:stop],
+                    -g_h[start:stop, None],
+                    out=scratch[: stop - start],
+                )
+                grad.mul_(probs)
             else:
                 grad = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
                 pi_s = grad.gather(1, ids)
