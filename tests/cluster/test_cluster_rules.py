@@ -13,6 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from pdmask.backends.verl.site_inputs import CHECKPOINTS, DATA, MODELS, unshared_settings
 from pdmask.orchestration.cluster_check import ClusterReport, NodeReport
 from pdmask.orchestration.ray_auth import (
     TokenUnreadable,
@@ -21,14 +22,13 @@ from pdmask.orchestration.ray_auth import (
     scrub,
     token_source,
 )
-from pdmask.orchestration.shared_storage import (
-    CHECKPOINTS,
-    DATA,
-    MODELS,
-    TRACKING,
-    storage_problems,
-    tracking_uri_problem,
-)
+from pdmask.orchestration.shared_storage import TRACKING, tracking_problems, tracking_uri_problem
+
+
+def storage_problems(uri: str, **paths) -> list:
+    """What a remote address refuses of a VeRL sweep's settings: the tracking store (the job
+    loop's rule), then the backend's paths, as ``ray_jobs_checks.unshared`` puts them."""
+    return tracking_problems(uri) + unshared_settings(**paths)
 
 
 @pytest.mark.parametrize(

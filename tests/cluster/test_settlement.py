@@ -9,7 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
-from pdmask.backends.verl.jobs_setup import JobSettings
+from pdmask.backends.interface import load_backend
 from pdmask.orchestration.ray_jobs import JobRunner, TrialJob
 from pdmask.orchestration.ray_jobs_cluster import JobView
 from pdmask.registry import load_registry
@@ -34,8 +34,7 @@ def _runner(client, experiment_id) -> tuple[JobRunner, io.StringIO]:
     runner = JobRunner(
         sweep=None,
         cluster=None,  # settling a SUCCEEDED job reads only MLflow
-        cluster_name="h20x32",
-        settings=None,
+        batch=None,  # nor does it build a job
         client=client,
         uri="",
         experiment_id=experiment_id,
@@ -48,7 +47,7 @@ def _runner(client, experiment_id) -> tuple[JobRunner, io.StringIO]:
 def _job(client, experiment_id, tries_left: int, index: int) -> TrialJob:
     trial = load_registry(ROOT).expand("main-figure", backend="verl")[index]
     run = TrialRun.start_or_resume(client, experiment_id, trial, {}, log_params=False)
-    job = TrialJob(trial, [], 8, tries_left=tries_left, attempts={1}, run_id=run.run_id)
+    job = TrialJob(trial, 8, tries_left=tries_left, attempts={1}, run_id=run.run_id)
     job.sid, job.state = f"pdm-main-figure-{trial.trial_hash}-a1", "active"
     return job
 
@@ -121,9 +120,11 @@ def test_two_submitters_of_one_attempt_leave_one_run_and_no_orphan(store, monkey
     sweep, trial = reg.sweeps["main-figure"], reg.expand("main-figure", backend="verl")[3]
     theirs = TrialRun.start_or_resume(client, exp, trial, {}, log_params=False)
     runner, out = _runner(client, exp)
-    runner.cluster, runner.sweep, runner.registry = _SubmittedFirst(theirs.run_id), sweep, reg
-    runner.settings = JobSettings.from_env()
-    job = TrialJob(trial, [], 8, tries_left=2)
+    runner.cluster, runner.sweep = _SubmittedFirst(theirs.run_id), sweep
+    runner.batch = load_backend("verl").job_batch(
+        reg, sweep, [trial], cluster="h20x32", tracking_uri=""
+    )
+    job = TrialJob(trial, 8, tries_left=2)
     ours = client.create_run(exp, tags={**trial.tags(), "pdm.attempts": "1"})  # the race's run
     monkeypatch.setattr(
         TrialRun,

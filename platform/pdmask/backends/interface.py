@@ -6,8 +6,9 @@ two launch protocols it implements follows from the spec's ``launch``:
 
 - ``Launch.TUNE`` -> ``TrainsInProcess``: ``train`` runs one trial inside a Ray Tune worker
   (``orchestration/trainable.py``), resuming from ``workdir``.
-- ``Launch.RAY_JOBS`` -> ``SubmitsJobs``: ``job_specs`` builds the Ray Jobs that
-  ``orchestration/ray_jobs.py`` submits, one per trial.
+- ``Launch.RAY_JOBS`` -> ``SubmitsJobs``: ``job_batch`` checks and builds a sweep's trials as
+  Ray Jobs (a ``JobBatch``), which ``orchestration/ray_jobs.py`` admits, submits, polls, retries
+  and settles, one job per trial attempt, under the submission ids ``submission_id`` gives.
 
 A runtime module keeps heavy imports (torch, verl) inside its methods: the driver loads it to
 check and plan a sweep.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pdmask.errors import BackendUnavailable
+from pdmask.errors import BackendUnavailable, Problem
 from pdmask.registry.backends import BackendSpec, Launch, backend_spec
 
 if TYPE_CHECKING:
@@ -64,12 +65,84 @@ class TrainsInProcess(Backend, Protocol):
         ...
 
 
+# A trial attempt's Ray job id: ``pdm-<sweep>-<trial hash>-a<attempt>``, the same on every
+# machine, so that a second submission of one attempt is refused by Ray and means "already
+# submitted" (two invocations of one sweep never run a trial twice).
+SUBMISSION_PREFIX = "pdm-"
+
+
+def submission_id(sweep: str, trial_hash: str, attempt: int) -> str:
+    """The Ray job id of a trial's attempt (see ``SUBMISSION_PREFIX``)."""
+    return f"{SUBMISSION_PREFIX}{sweep}-{trial_hash}-a{attempt}"
+
+
+def parse_submission_id(sid: str) -> tuple[str, str, int] | None:
+    """``(sweep, trial hash, attempt)`` of a pdmask submission id, None for any other job."""
+    if not sid or not sid.startswith(SUBMISSION_PREFIX):
+        return None
+    body, _, attempt = sid[len(SUBMISSION_PREFIX) :].rpartition("-a")
+    sweep, _, trial_hash = body.rpartition("-")
+    if not (sweep and len(trial_hash) == 16 and attempt.isdigit()):
+        return None
+    if any(c not in "0123456789abcdef" for c in trial_hash):
+        return None
+    return sweep, trial_hash, int(attempt)
+
+
+@runtime_checkable
+class JobBatch(Protocol):
+    """One sweep's trials as Ray jobs, as a job-submitting backend checked and built them
+    (``SubmitsJobs.job_batch``): all the job loop asks of the backend, from the check before
+    anything is submitted to the last attempt's spec."""
+
+    problems: list[Problem]
+    """Every problem of every trial's job (empty: all of them can be submitted)."""
+    scratch_env: str | None
+    """The environment variable through which the jobs find a folder that lives and dies with a
+    Ray head pdm starts on this machine for them (None: they need none)."""
+
+    def resources(self, trial: Trial) -> dict[str, Any]:
+        """``nodes``, ``gpus_per_node``, ``gpus`` and ``gpu_kind`` of the trial's job: what must
+        fit the cluster's nodes and what admission reserves."""
+        ...
+
+    def unshared(self) -> list[Problem]:
+        """The settings the jobs read that the nodes of a cluster cannot share (paths only the
+        submitter has), each naming its setting and the fix: refused before a cluster pdm did
+        not start is sent a job. The tracking URI is the job loop's own check."""
+        ...
+
+    def node_inputs(self) -> dict[str, Any]:
+        """What every node must reach, as ``pdm cluster check`` checks it from each node:
+        ``checkpoint_root``, ``data_files``, ``model_root``, ``model_paths``,
+        ``data_built_here``."""
+        ...
+
+    def prepare(self, log: Callable[[str], None]) -> None:
+        """Make what the jobs read that this machine provides, and check the rest is there,
+        before the first submission (``ConfigError`` names what is missing)."""
+        ...
+
+    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> dict[str, Any]:
+        """The trial's job for this attempt, logging into MLflow run ``run_id``: its
+        ``submission_id`` (``submission_id``), ``entrypoint``, ``runtime_env``, ``resources``."""
+        ...
+
+
 @runtime_checkable
 class SubmitsJobs(Backend, Protocol):
     def job_specs(
         self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
     ) -> list[dict[str, Any]]:
         """The Ray Job each trial would be submitted as (``pdm plan --json`` shows them)."""
+        ...
+
+    def job_batch(
+        self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
+    ) -> JobBatch:
+        """``trials`` (of ``sweep``, on cluster profile ``cluster``) checked and built as jobs
+        that log into ``tracking_uri``; their problems are the batch's, never raised, so that the
+        job loop reports them with its own, all at once. Nothing is prepared or submitted."""
         ...
 
 

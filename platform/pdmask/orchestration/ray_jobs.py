@@ -1,6 +1,8 @@
-"""Run a sweep's VeRL trials as Ray Jobs on a cluster: admit, submit or attach, poll, retry, settle.
+"""Run a sweep's trials as Ray Jobs on a cluster: admit, submit or attach, poll, retry, settle.
 
-Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
+The backend (a ``SubmitsJobs``, e.g. VeRL) builds the jobs (``JobBatch``); everything else here is
+the backend's neither: ids, admission, attempts, runs, logs, faults. Flow (``pdm sweep NAME
+--backend verl --address http://HEAD:8265``):
 
 1. Every trial's job is built and checked first (nothing launches on a bad grid), and every trial
    must fit the cluster's nodes. For an ``--address`` (a cluster pdm did not start) settings the
@@ -42,14 +44,7 @@ from dataclasses import dataclass, field
 
 from rich.markup import escape
 
-from pdmask.backends.verl.jobs import (
-    job_spec,
-    on_cpu,
-    prepare_local_inputs,
-    submission_id,
-    trial_resources,
-)
-from pdmask.backends.verl.jobs_setup import JobSettings
+from pdmask.backends.interface import JobBatch, load_backend, submission_id
 from pdmask.console import table
 from pdmask.errors import ClusterLost, ConfigError, ValidationFailed
 from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
@@ -57,13 +52,11 @@ from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.ray_jobs_checks import (
     UNREACHABLE_ENV,
     UNREACHABLE_SECONDS,
-    build_all,
-    check_data,
     check_fit,
     poll_seconds,
     require_cluster_check,
     unreachable_seconds,
-    unshared_settings,
+    unshared,
 )
 from pdmask.orchestration.ray_jobs_cluster import (
     ClusterUnreachable,
@@ -84,7 +77,6 @@ class TrialJob:
     """One trial's life on the cluster during this invocation."""
 
     trial: Trial
-    overrides: list[str]
     gpus: int
     tries_left: int
     attempts: set[int] = field(default_factory=set)  # every attempt number seen on the cluster
@@ -109,49 +101,42 @@ def run_job_sweep(
     """Run every unfinished trial of ``sweep`` as a Ray job; exit code 0 when all finished."""
     address = options.address or os.environ.get("RAY_ADDRESS")
     cluster_name = options.cluster or sweep.cluster
-    if not address and not on_cpu(cluster_name):
+    on_this_machine = CLUSTERS[cluster_name].device == "cpu"
+    backend_name = trials[0].backend if trials else sweep.backend
+    if not address and not on_this_machine:
         raise ConfigError(
-            "--backend verl submits Ray Jobs to a cluster: give --address http://HEAD:8265 "
-            "(or set RAY_ADDRESS); only the CPU profile this-machine starts a Ray head here"
+            f"--backend {backend_name} submits Ray Jobs to a cluster: give --address "
+            "http://HEAD:8265 (or set RAY_ADDRESS); only a CPU profile (this-machine) starts a "
+            "Ray head here"
         )
     if sweep.search is not None:
         raise ConfigError(
             f"sweep {sweep.name} is a search: searches run on the embedded backend; on VeRL, "
             "list the points as a grid"
         )
-    settings = JobSettings.from_env()
     for bound in (poll_seconds, unreachable_seconds):  # refused before any job or head
         bound()
+    batch = load_backend(backend_name).job_batch(
+        reg, sweep, trials, cluster=cluster_name, tracking_uri=uri
+    )
     # An address is a cluster pdm did not start here: what its nodes cannot share is refused.
     prove = bool(address) and not options.skip_cluster_check
-    unshared = unshared_settings(uri, settings, cluster_name) if prove else []
-    try:
-        overrides = build_all(sweep, trials, cluster_name, settings, reg)  # raises before launch
-    except ValidationFailed as err:
-        raise ValidationFailed(unshared + err.problems) from None
-    if unshared:
-        raise ValidationFailed(unshared)
-    jobs = [
-        TrialJob(
-            t,
-            overrides[t.trial_hash],
-            trial_resources(t, cluster_name)["gpus"],
-            tries_left=1 + sweep.retries,
-        )
-        for t in trials
-    ]
-    check_data(settings, cluster_name)
-    prepare_local_inputs(trials, log=console.print)
+    problems = (unshared(uri, batch) if prove else []) + batch.problems
+    if problems:  # every one at once, before anything launches
+        raise ValidationFailed(problems)
+    jobs = [TrialJob(t, batch.resources(t)["gpus"], tries_left=1 + sweep.retries) for t in trials]
+    batch.prepare(log=console.print)
     if prove:  # from every node, before the first submission (`pdm cluster check`)
-        require_cluster_check(address, uri, settings, cluster_name, trials, console)
+        require_cluster_check(address, uri, batch, console)
     context = dict(client=client, uri=uri, experiment_id=experiment_id, tags=tags, console=console)
     if address:
-        return _run_on(
-            address, reg, sweep, trials, options, jobs, cluster_name, settings, **context
-        )
+        return _run_on(address, reg, sweep, trials, options, jobs, cluster_name, batch, **context)
     from pdmask.orchestration.ray_jobs_local import LocalRayHead
 
-    with LocalRayHead(num_gpus=CLUSTERS[cluster_name].gpus, log=console.print) as head:
+    head = LocalRayHead(
+        num_gpus=CLUSTERS[cluster_name].gpus, log=console.print, scratch_env=batch.scratch_env
+    )
+    with head:
         return _run_on(
             head.address,
             reg,
@@ -160,7 +145,7 @@ def run_job_sweep(
             options,
             jobs,
             cluster_name,
-            settings,
+            batch,
             local_head=True,
             **context,
         )
@@ -174,7 +159,7 @@ def _run_on(
     options: SweepOptions,
     jobs,
     cluster_name,
-    settings,
+    batch: JobBatch,
     *,
     client,
     uri,
@@ -190,7 +175,7 @@ def _run_on(
         node_gpus = cluster.node_gpus()
     except ConnectionError as err:
         raise ConfigError(f"--address {address}: {err}") from None
-    check_fit(trials, node_gpus, cluster_name)
+    check_fit(trials, batch, node_gpus, cluster_name)
     done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
     todo = [j for j in jobs if j.trial.trial_hash not in done]
     console.print(
@@ -201,15 +186,13 @@ def _run_on(
         runner = JobRunner(
             sweep=sweep,
             cluster=cluster,
-            cluster_name=cluster_name,
-            settings=settings,
+            batch=batch,
             client=client,
             uri=uri,
             experiment_id=experiment_id,
             tags=tags,
             console=console,
             max_concurrent=options.max_concurrent or sweep.max_concurrent,
-            registry=reg,
             stop=stop.event,
             unreachable_s=unreachable_s,
             resume_command=options.command(sweep.name),
@@ -247,15 +230,13 @@ class JobRunner:
 
     sweep: object
     cluster: JobCluster
-    cluster_name: str
-    settings: JobSettings
+    batch: JobBatch  # the backend's jobs: each attempt's spec
     client: object
     uri: str
     experiment_id: str
     tags: dict[str, str]
     console: object
     max_concurrent: int | None = None
-    registry: object = None  # where the trials' recipes are declared (a job may carry one)
     # Set by a signal (``interrupts.handled``): the runner returns at its next round.
     stop: threading.Event = field(default_factory=threading.Event)
     unreachable_s: float = UNREACHABLE_SECONDS  # how long the job API may be silent
@@ -378,17 +359,7 @@ class JobRunner:
             job.state = "finished"
             return
         attempt = max(job.attempts, default=0) + 1
-        spec = job_spec(
-            job.trial,
-            self.sweep,
-            cluster=self.cluster_name,
-            tracking_uri=self.uri,
-            run_id=run.run_id,
-            attempt=attempt,
-            settings=self.settings,
-            overrides=job.overrides,
-            registry=self.registry,
-        )
+        spec = self.batch.spec(job.trial, run_id=run.run_id, attempt=attempt)
         sid = spec["submission_id"]
         res = spec["resources"]
         for key, value in {

@@ -13,7 +13,7 @@ import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
-from pdmask.backends.verl.jobs import parse_submission_id
+from pdmask.backends.interface import parse_submission_id
 from pdmask.errors import ConfigError
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})

@@ -111,8 +111,13 @@ def _die_with_parent() -> None:
 class LocalRayHead:
     """A Ray head on loopback, started by pdmask and stopped by PID (a context manager)."""
 
-    def __init__(self, num_gpus: int, num_cpus: int = LOGICAL_CPUS, log=print):
+    def __init__(
+        self, num_gpus: int, num_cpus: int = LOGICAL_CPUS, log=print, scratch_env: str | None = None
+    ):
+        """``scratch_env``: the variable through which the jobs find a folder that lives and dies
+        with this head (``JobBatch.scratch_env``)."""
         self.num_gpus, self.num_cpus, self.log = num_gpus, num_cpus, log
+        self.scratch_env = scratch_env
         self.process: subprocess.Popen | None = None
         self.address = ""
         self.folder: Path | None = None
@@ -136,15 +141,8 @@ class LocalRayHead:
         """The environment of the head, hence of every Ray process and job it starts."""
         # The jobs' `python3 -m verl...` must be this environment's Python, activated or not.
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        from pdmask.backends.verl.cpu_profile import STORE_DIR_ENV
-
-        return {
-            **os.environ,
-            **RAY_ENV,
-            **LOOPBACK_ENV,
-            "PATH": path,
-            STORE_DIR_ENV: str(self.folder),  # removed with the head
-        }
+        scratch = {self.scratch_env: str(self.folder)} if self.scratch_env else {}
+        return {**os.environ, **RAY_ENV, **LOOPBACK_ENV, "PATH": path, **scratch}
 
     def start(self) -> str:
         # Short: Ray's socket paths are length-capped.

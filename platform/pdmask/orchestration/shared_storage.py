@@ -1,27 +1,24 @@
 """What a cluster's nodes must share, refused from the settings alone before anything is submitted.
 
 A job runs on whichever node Ray places it, and reads and writes the paths it is given there.
-Settings that can only name the submitting machine lose results on a real cluster: a sqlite or
-file store (each node writes its own, the figure reads none of them), a tracking URL on a loopback
-name (``localhost`` is every node itself), an unset checkpoint root (the submitter's state folder:
-a retry on another node starts again from step 0), unset or relative data paths. These are
-refused (exit 2, every problem at once, each naming its setting and the fix) for any address that
-is not a head pdm started on this machine; ``pdm cluster check`` then proves the rest from every
-node (``cluster_check.py``). Pure functions of the settings: nothing is contacted.
+Settings that can only name the submitting machine lose results on a real cluster. The job loop's
+own one is the tracking store every job logs into: a sqlite or file store (each node writes its
+own, the figure reads none of them) or a tracking URL on a loopback name (``localhost`` is every
+node itself) is refused here. The paths a backend's jobs read and write (checkpoints, data,
+models) are the backend's to judge (``JobBatch.unshared``; VeRL: ``backends/verl/site_inputs``).
+Both are refused (exit 2, every problem at once, each naming its setting and the fix) for any
+address that is not a head pdm started on this machine; ``pdm cluster check`` then proves the rest
+from every node (``cluster_check.py``). Pure functions of the settings: nothing is contacted.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from pdmask.errors import Problem
 
 TRACKING = "--tracking-uri / MLFLOW_TRACKING_URI"
-CHECKPOINTS = "PDM_VERL_CHECKPOINT_DIR"
-DATA = "PDM_DATA_DIR"
-MODELS = "PDM_MODEL_ROOT"
 SERVER_FIX = (
     "start an MLflow server the nodes can reach (docs/cluster.md, section 4) and pass "
     "--tracking-uri http://TRACKING_HOST:5000"
@@ -60,53 +57,10 @@ def tracking_uri_problem(uri: str) -> str | None:
     return None
 
 
-def _path_problem(value: str) -> str | None:
-    if not PurePosixPath(value).is_absolute():
-        return "a relative path: each node would resolve it against its own working folder; give an absolute path on shared storage"
-    return None
-
-
-def storage_problems(
-    tracking_uri: str,
-    *,
-    checkpoint_dir: str | None,
-    data_dir: str | None,
-    model_root: str | None,
-    data_built_here: bool = False,
-) -> list[Problem]:
-    """Every setting that cannot be shared by a cluster's nodes, as problems naming it.
-
-    ``data_built_here``: the jobs read inputs pdm builds on this machine (the CPU profile's tiny
-    task), at paths the per-node check proves; ``PDM_DATA_DIR`` is then not needed."""
+def tracking_problems(tracking_uri: str) -> list[Problem]:
+    """The tracking store's problem for a cluster's nodes, as a ``Problem`` naming the setting
+    (its password redacted), or none."""
     from pdmask.tracking.store import redact
 
-    problems = []
     why = tracking_uri_problem(tracking_uri)
-    if why:
-        problems.append(Problem(TRACKING, redact(tracking_uri), why))
-    if not checkpoint_dir:
-        problems.append(
-            Problem(
-                CHECKPOINTS,
-                "(unset)",
-                "checkpoints would go to this machine's state folder, where no other node sees "
-                "them (a retried job would start again from step 0): set it to a folder on "
-                "storage every node can write, e.g. /shared/pdm-checkpoints",
-            )
-        )
-    elif why := _path_problem(checkpoint_dir):
-        problems.append(Problem(CHECKPOINTS, checkpoint_dir, why))
-    if not data_dir and not data_built_here:
-        problems.append(
-            Problem(
-                DATA,
-                "(unset)",
-                "the jobs would read the data from this machine's state folder: set it to the "
-                "folder of `pdm data prepare`'s files on storage every node reads",
-            )
-        )
-    elif data_dir and (why := _path_problem(data_dir)):
-        problems.append(Problem(DATA, data_dir, why))
-    if model_root and (why := _path_problem(model_root)):
-        problems.append(Problem(MODELS, model_root, why))
-    return problems
+    return [Problem(TRACKING, redact(tracking_uri), why)] if why else []

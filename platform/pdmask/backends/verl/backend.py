@@ -19,7 +19,7 @@ class VerlBackend:
 
     def check(self, trial: Trial) -> list[str]:
         # A job is checked as the sweep's whole set (resources against the cluster, verl's own
-        # config validation, the data files): ``ray_jobs_checks.build_all`` before any submission.
+        # config validation, the data files): ``job_batch`` before any submission.
         return []
 
     def planned_steps(self, trial: Trial) -> int | None:
@@ -36,6 +36,13 @@ class VerlBackend:
         from pdmask.backends.verl.jobs import job_specs
 
         return job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=tracking_uri)
+
+    def job_batch(
+        self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
+    ):
+        from pdmask.backends.verl.job_batch import VerlJobBatch
+
+        return VerlJobBatch(reg, sweep, trials, cluster=cluster, tracking_uri=tracking_uri)
 
 
 BACKEND = VerlBackend()

@@ -26,6 +26,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from pdmask.backends.interface import submission_id
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
@@ -35,29 +36,9 @@ from pdmask.registry.plan import DEFAULT_VERL_STEPS
 
 REWARD_MODULE = "pkg://pdmask.backends.verl.rewards"
 REWARD_FUNCTION = "compute_score"
-SUBMISSION_PREFIX = "pdm-"
 
 _A = "actor_rollout_ref.actor"
 _R = "actor_rollout_ref.rollout"
-
-
-def submission_id(sweep: str, trial_hash: str, attempt: int) -> str:
-    """The Ray job id of a trial's attempt: the same on every machine, so a second submission of
-    the same attempt is refused by Ray and means "already submitted"."""
-    return f"{SUBMISSION_PREFIX}{sweep}-{trial_hash}-a{attempt}"
-
-
-def parse_submission_id(sid: str) -> tuple[str, str, int] | None:
-    """``(sweep, trial hash, attempt)`` of a pdmask submission id, None for any other job."""
-    if not sid or not sid.startswith(SUBMISSION_PREFIX):
-        return None
-    body, _, attempt = sid[len(SUBMISSION_PREFIX) :].rpartition("-a")
-    sweep, _, trial_hash = body.rpartition("-")
-    if not (sweep and len(trial_hash) == 16 and attempt.isdigit()):
-        return None
-    if any(c not in "0123456789abcdef" for c in trial_hash):
-        return None
-    return sweep, trial_hash, int(attempt)
 
 
 def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
@@ -390,16 +371,21 @@ def job_spec(
     }
 
 
-def job_specs(
-    reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str | None
-) -> list[dict[str, Any]]:
-    """Job specs of every trial (attempt 1, no run yet); every problem of every trial at once."""
+def require_verl() -> None:
+    """``BackendUnavailable`` unless verl's config classes import (the job builder needs them)."""
     try:
-        import pdmask.backends.verl.overrides  # noqa: F401  (needs verl's config classes)
+        import pdmask.backends.verl.overrides  # noqa: F401
     except ImportError as err:
         raise BackendUnavailable(
             f"the VeRL job builder needs the verl extra: pip install 'pdmask[verl]' ({err})"
         ) from None
+
+
+def job_specs(
+    reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str | None
+) -> list[dict[str, Any]]:
+    """Job specs of every trial (attempt 1, no run yet); every problem of every trial at once."""
+    require_verl()
     from pdmask.tracking.store import resolve_tracking_uri
 
     uri = resolve_tracking_uri(tracking_uri)
