@@ -61,7 +61,7 @@ def test_claim_held_for_a_moment_is_waited_for(state):
 
 
 class Store:
-    """The few MLflow calls `_settle` makes, over a store whose snapshot can be stale."""
+    """The few MLflow calls `settle` makes, over a store whose snapshot can be stale."""
 
     def __init__(self, snapshot_status: str, live_status: str):
         self.snapshot, self.live, self.terminated = snapshot_status, live_status, []
@@ -84,7 +84,7 @@ def settle(store: Store, monkeypatch):
     )
     sweep = SimpleNamespace(search=None)
     trials = [SimpleNamespace(trial_hash="abc")]
-    return runner._settle(store, "1", sweep, trials, 0, Console(quiet=True))
+    return runner.settle(store, "1", sweep, trials, 0, Console(quiet=True))
 
 
 def test_settle_never_kills_a_run_that_finished_after_the_snapshot(state, monkeypatch):

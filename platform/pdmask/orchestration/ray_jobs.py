@@ -1,14 +1,15 @@
 """Run a sweep's trials as Ray Jobs on a cluster: admit, submit or attach, poll, retry, settle.
 
-The backend (a ``SubmitsJobs``, e.g. VeRL) builds the jobs (``JobBatch``); everything else here is
-the backend's neither: ids, admission, attempts, runs, logs, faults. Flow (``pdm sweep NAME
---backend verl --address http://HEAD:8265``):
+``Launch.RAY_JOBS`` of the one runner (``runner.run_sweep``, whose shared tail settles, sums up,
+draws and sets the exit code). The backend (a ``SubmitsJobs``, e.g. VeRL) builds the jobs
+(``JobBatch``); what is not the backend's is here: ids, admission, attempts, runs, logs, faults.
+Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
 
 1. Every trial's job is built and checked first (nothing launches on a bad grid), and every trial
    must fit the cluster's nodes. For an ``--address`` (a cluster pdm did not start) settings the
    nodes cannot share are refused and ``pdm cluster check`` runs from every node first
    (``shared_storage``, ``cluster_check``; ``--skip-cluster-check`` skips both). Trials with a
-   FINISHED run (by trial hash) are skipped.
+   FINISHED run (by trial hash) are skipped; with none left, no head is started.
 2. The cluster's job list is read: a trial whose job is still PENDING/RUNNING (a previous
    invocation was stopped) is *attached*, never submitted twice. Submission ids are deterministic,
    ``pdm-<sweep>-<trial hash>-a<attempt>``, so a second submission of the same attempt is refused by
@@ -25,14 +26,15 @@ the backend's neither: ids, admission, attempts, runs, logs, faults. Flow (``pdm
    (tagged ``pdm.finished_by``) when the run has metrics, else a failed attempt.
    Every ended job's driver log (Jobs API) is appended to the trial's log in the state folder
    and logged as its run's artifact (``trial_logs.py``).
-6. Ctrl-C, SIGTERM and SIGHUP detach (exit 130): the jobs keep running on the cluster; the same
-   command attaches again. A job API that does not answer is retried, a line per round, for
+6. Ctrl-C, SIGTERM and SIGHUP detach (exit 130): the jobs keep running on the cluster, their
+   runs RUNNING (the summary counts them); the same command attaches again. A job API that does not answer is retried, a line per round, for
    ``PDM_CLUSTER_UNREACHABLE_SECONDS`` (180 s); then the sweep ends (``ClusterLost``, exit 1)
    with the command that resumes it.
 
 On a CPU cluster profile (``this-machine``) with no ``--address`` pdmask starts a Ray head on this
 machine's loopback for the sweep and stops it at the end (``ray_jobs_local``): the jobs are then
-stopped with it, and the next invocation resumes them from their checkpoints.
+stopped with it, their runs settled KILLED, and the next invocation resumes them from their
+checkpoints.
 """
 
 from __future__ import annotations
@@ -47,8 +49,6 @@ from rich.markup import escape
 from pdmask.backends.interface import JobBatch, load_backend, submission_id
 from pdmask.console import table
 from pdmask.errors import ClusterLost, ConfigError, ValidationFailed
-from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
-from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.ray_jobs_checks import (
     UNREACHABLE_ENV,
     UNREACHABLE_SECONDS,
@@ -64,8 +64,9 @@ from pdmask.orchestration.ray_jobs_cluster import (
     JobView,
     headline,
 )
+from pdmask.orchestration.runner import SweepOutcome, settle, unfinished
 from pdmask.registry import CLUSTERS, Trial
-from pdmask.tracking import TrialRun, TrialStatusIndex, runs_by_hash
+from pdmask.tracking import TrialRun, runs_by_hash
 from pdmask.tracking.runs import take_watchdog_reason, with_retry
 from pdmask.tracking.store import redact
 
@@ -86,19 +87,15 @@ class TrialJob:
     reason: str = ""
 
 
-def run_job_sweep(
-    reg,
-    sweep,
-    trials: list[Trial],
-    options: SweepOptions,
-    *,
-    client,
-    uri,
-    experiment_id,
-    tags,
-    console,
-) -> int:
-    """Run every unfinished trial of ``sweep`` as a Ray job; exit code 0 when all finished."""
+def run_jobs(session) -> SweepOutcome:
+    """``Launch.RAY_JOBS``: every unfinished trial of the session's sweep as a Ray job, settled
+    by the runner's shared tail (``runner.settle``)."""
+    sweep, trials, options, console = (
+        session.sweep,
+        session.trials,
+        session.options,
+        session.console,
+    )
     address = options.address or os.environ.get("RAY_ADDRESS")
     cluster_name = options.cluster or sweep.cluster
     on_this_machine = CLUSTERS[cluster_name].device == "cpu"
@@ -111,64 +108,62 @@ def run_job_sweep(
         )
     if sweep.search is not None:
         raise ConfigError(
-            f"sweep {sweep.name} is a search: searches run on the embedded backend; on VeRL, "
-            "list the points as a grid"
+            f"sweep {sweep.name} is a search: searches run on the embedded backend; on "
+            f"{backend_name}, list the points as a grid"
         )
     for bound in (poll_seconds, unreachable_seconds):  # refused before any job or head
         bound()
     batch = load_backend(backend_name).job_batch(
-        reg, sweep, trials, cluster=cluster_name, tracking_uri=uri
+        session.reg, sweep, trials, cluster=cluster_name, tracking_uri=session.uri
     )
     # An address is a cluster pdm did not start here: what its nodes cannot share is refused.
     prove = bool(address) and not options.skip_cluster_check
-    problems = (unshared(uri, batch) if prove else []) + batch.problems
+    problems = (unshared(session.uri, batch) if prove else []) + batch.problems
     if problems:  # every one at once, before anything launches
         raise ValidationFailed(problems)
-    jobs = [TrialJob(t, batch.resources(t)["gpus"], tries_left=1 + sweep.retries) for t in trials]
+    todo, done = unfinished(runs_by_hash(session.client, session.experiment_id), trials)
+    if not todo:  # nothing to submit: no head to start, no cluster to check
+        console.print(
+            f"sweep {sweep.name}: {len(trials)} trials, {len(done)} already finished, 0 to run "
+            f"(tracking: {redact(session.uri)})"
+        )
+        return _settled(session, cluster_name, done, detached=set())
     batch.prepare(log=console.print)
     if prove:  # from every node, before the first submission (`pdm cluster check`)
-        require_cluster_check(address, uri, batch, console)
-    context = dict(client=client, uri=uri, experiment_id=experiment_id, tags=tags, console=console)
+        require_cluster_check(address, session.uri, batch, console)
     if address:
-        return _run_on(address, reg, sweep, trials, options, jobs, cluster_name, batch, **context)
+        return _run_on(session, address, cluster_name, batch)
     from pdmask.orchestration.ray_jobs_local import LocalRayHead
 
     head = LocalRayHead(
         num_gpus=CLUSTERS[cluster_name].gpus, log=console.print, scratch_env=batch.scratch_env
     )
     with head:
-        return _run_on(
-            head.address,
-            reg,
-            sweep,
-            trials,
-            options,
-            jobs,
-            cluster_name,
-            batch,
-            local_head=True,
-            **context,
-        )
+        session.interrupts.install()  # the head took SIGTERM and SIGHUP over while it started
+        return _run_on(session, head.address, cluster_name, batch, local_head=True)
+
+
+def _settled(session, cluster_name: str, done: set[str], detached: set[str]) -> SweepOutcome:
+    """The runner's shared settling of the session's trials (``detached``: their jobs run on)."""
+    trials = session.trials
+    return settle(
+        session.client,
+        session.experiment_id,
+        session.sweep,
+        trials,
+        len(done),
+        session.console,
+        load_backend(trials[0].backend).eval_metrics(cluster_name) if trials else [],
+        started=session.started,
+        detached=detached,
+    )
 
 
 def _run_on(
-    address,
-    reg,
-    sweep,
-    trials,
-    options: SweepOptions,
-    jobs,
-    cluster_name,
-    batch: JobBatch,
-    *,
-    client,
-    uri,
-    experiment_id,
-    tags,
-    console,
-    local_head: bool = False,
-) -> int:
+    session, address: str, cluster_name: str, batch: JobBatch, local_head: bool = False
+) -> SweepOutcome:
     """The sweep's jobs on the Ray cluster at ``address`` (``local_head``: one pdm started)."""
+    sweep, trials, console = session.sweep, session.trials, session.console
     unreachable_s = unreachable_seconds()
     cluster = JobCluster(address)
     try:
@@ -176,52 +171,52 @@ def _run_on(
     except ConnectionError as err:
         raise ConfigError(f"--address {address}: {err}") from None
     check_fit(trials, batch, node_gpus, cluster_name)
-    done = TrialStatusIndex(runs_by_hash(client, experiment_id)).finished_hashes()
-    todo = [j for j in jobs if j.trial.trial_hash not in done]
+    todo_trials, done = unfinished(runs_by_hash(session.client, session.experiment_id), trials)
+    jobs = {
+        t.trial_hash: TrialJob(t, batch.resources(t)["gpus"], tries_left=1 + sweep.retries)
+        for t in trials
+    }
+    todo = [jobs[t.trial_hash] for t in todo_trials]
     console.print(
         f"sweep {sweep.name}: {len(jobs)} trials, {len(jobs) - len(todo)} already finished, "
-        f"{len(todo)} to run as Ray jobs on {cluster.address} (tracking: {redact(uri)})"
+        f"{len(todo)} to run as Ray jobs on {cluster.address} (tracking: {redact(session.uri)})"
     )
-    with handled() as stop:  # SIGINT, SIGTERM, SIGHUP: return at the next round
-        runner = JobRunner(
-            sweep=sweep,
-            cluster=cluster,
-            batch=batch,
-            client=client,
-            uri=uri,
-            experiment_id=experiment_id,
-            tags=tags,
-            console=console,
-            max_concurrent=options.max_concurrent or sweep.max_concurrent,
-            stop=stop.event,
-            unreachable_s=unreachable_s,
-            resume_command=options.command(sweep.name),
-        )
-        runner.adopt(todo)
-        try:
-            runner.run(todo)
-        except ClusterLost:
-            _summary(console, sweep, jobs, done, uri)
-            raise
-    if stop.requested:
-        active = [j.sid for j in todo if j.state == "active"]
-        ids = ", ".join(active)
-        console.print(
-            f"interrupted: {len(active)} job(s) stop with the local Ray head ({ids}); the same "
-            "command resumes them from their checkpoints"
-            if local_head
-            else f"detached: {len(active)} job(s) keep running on the cluster ({ids}); the same "
-            "command attaches to them"
-        )
-        return EXIT_INTERRUPTED
-    _summary(console, sweep, jobs, done, uri)
-    failed = [j for j in todo if j.state != "finished"]
-    figures_failed = 0
-    if not failed and sweep.figures and options.figures:
-        from pdmask.orchestration.runner import _build_figures
-
-        figures_failed = _build_figures(console, reg, sweep, uri, trials)
-    return 1 if failed or figures_failed else 0
+    runner = JobRunner(
+        sweep=sweep,
+        cluster=cluster,
+        batch=batch,
+        client=session.client,
+        uri=session.uri,
+        experiment_id=session.experiment_id,
+        tags=session.tags,
+        console=console,
+        max_concurrent=session.options.max_concurrent or sweep.max_concurrent,
+        stop=session.interrupts.event,  # SIGINT, SIGTERM, SIGHUP: return at the next round
+        unreachable_s=unreachable_s,
+        resume_command=session.options.command(sweep.name),
+    )
+    runner.adopt(todo)
+    lost = None
+    try:
+        runner.run(todo)
+    except ClusterLost as err:
+        lost = str(err)
+    _jobs_table(console, sweep, list(jobs.values()), done)
+    active = [j for j in todo if j.state == "active"]
+    # Jobs that run on after this invocation keep their runs RUNNING: the same command attaches.
+    # A local head's jobs stop with it: their runs are settled as interrupted, resumed next time.
+    detached = set() if local_head else {j.trial.trial_hash for j in active}
+    outcome = _settled(session, cluster_name, done, detached)
+    outcome.lost_cluster = lost
+    ids = ", ".join(j.sid for j in active)
+    outcome.resume_note = (
+        f"interrupted: {len(active)} job(s) stop with the local Ray head ({ids}); the same "
+        "command resumes them from their checkpoints"
+        if local_head
+        else f"detached: {len(active)} job(s) keep running on the cluster ({ids}); the same "
+        "command attaches to them"
+    )
+    return outcome
 
 
 @dataclass
@@ -494,7 +489,8 @@ class JobRunner:
             self.console.print(f"FAILED {job.sid}: {last[:160]} -- no retries left")
 
 
-def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> None:
+def _jobs_table(console, sweep, jobs: list[TrialJob], done: set[str]) -> None:
+    """Each trial's attempts as Ray jobs, its state in this invocation and its last error."""
     rows = []
     for job in jobs:
         status = "skipped (finished before)" if job.trial.trial_hash in done else job.state
@@ -512,7 +508,3 @@ def _summary(console, sweep, jobs: list[TrialJob], done: set[str], uri: str) -> 
             wrap={"last error"},
         )
     )
-    from pdmask.orchestration.runner import trial_logs_dir
-
-    console.print(f"runs: {redact(uri)} (experiment {sweep.name}); inspect with `pdm ui`")
-    console.print(f"trial logs: {trial_logs_dir(sweep.name)} (`pdm logs RUN` prints one)")

@@ -1,9 +1,12 @@
-"""Run a sweep's unfinished trials on Ray Tune, track them in MLflow, resume after any stop.
+"""Run a sweep's unfinished trials, track them in MLflow, resume after any stop: the one runner.
 
-Flow: check the sweep's dashboards and the tracking store (before anything launches) → skip
-trials with a FINISHED run → start or join Ray → Tune runs the rest (one CPU each, bounded
-concurrency, retries on crashes) → runs left RUNNING by an interrupt become KILLED (resumed
-next time) → summary → figures, drawn from this sweep's own trials.
+Flow: open the invocation's session once (the tracking store, checked before anything launches,
+its experiment, the interrupts) → the backend's launch kind runs the trials without a FINISHED
+run: ``Launch.TUNE`` here (start or join Ray, Tune trains them, one CPU each, retries on
+crashes), ``Launch.RAY_JOBS`` in ``ray_jobs.py`` (each trial a Ray job on a cluster) → the shared
+tail: settle (final states read from MLflow; runs left RUNNING by an interrupt become KILLED and
+resume next time, unless their jobs run on, detached) → summary → figures, drawn from this
+sweep's own trials → exit code.
 
 Exit codes: 0 all finished and drawn; 1 a trial failed or a figure could not be built; 2 a
 trial's configuration was refused or its recipe raised (neither is retried: fix, then rerun);
@@ -41,6 +44,24 @@ from pdmask.tracking.store import redact
 
 
 @dataclass
+class SweepSession:
+    """One invocation of a sweep, opened once, whatever its launch kind: its trials, where they
+    are tracked, how it talks and how it is stopped, and when it began."""
+
+    reg: Registry
+    sweep: Sweep
+    trials: list[Trial]
+    options: SweepOptions
+    client: Any
+    uri: str
+    experiment_id: str
+    tags: dict[str, str]
+    console: Console
+    interrupts: Any  # interrupts.Interrupts: SIGINT, SIGTERM, SIGHUP end the sweep, resumable
+    started: float  # time.monotonic() at the start, for the wall time
+
+
+@dataclass
 class SweepOutcome:
     finished: int
     failed: int
@@ -51,6 +72,9 @@ class SweepOutcome:
     config_errors: int = 0  # FAILED because their configuration was refused (never retried)
     recipe_errors: int = 0  # FAILED because their recipe's code raised (never retried)
     lost_cluster: str | None = None  # why the sweep ended early: its Ray cluster was lost
+    detached: int = 0  # RUNNING as Ray jobs that run on after this invocation (it attaches again)
+    # what to say when the sweep was interrupted (a launch kind's own sentence)
+    resume_note: str = "interrupted: run the same command again to resume"
     wall_s: float | None = None  # from the invocation's start to its trials' settling
     # the final headline metric of each setting over its seeds (summary.results_by_setting)
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -61,7 +85,9 @@ class SweepOutcome:
 def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOptions) -> int:
     """Run ``trials`` (the expanded ``sweep``): 0 when every one finished, 1 when some failed or
     a figure could not be drawn, 2 when a trial's configuration was refused or its recipe raised,
-    130 when interrupted (rerunning resumes). Callers: ``pdmask.api``, after ``preflight.checked_trials``."""
+    130 when interrupted (rerunning resumes). Callers: ``pdmask.api``, after
+    ``preflight.checked_trials``. Raises ``ClusterLost`` (exit 1) after the summary when the
+    sweep's Ray cluster was lost."""
     from pdmask.orchestration.driver_logs import routed
     from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, handled
     from pdmask.registry.backends import Launch, backend_spec
@@ -69,58 +95,72 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
     started = time.monotonic()
     console = sweep_console()  # off a terminal: lines as long as they are (CI logs, pipes)
     backend = backend_spec(trials[0].backend if trials else options.backend or sweep.backend)
-    if backend.launch is Launch.RAY_JOBS:  # each trial a Ray Job on a cluster
-        from pdmask.orchestration.ray_jobs import run_job_sweep
-
-        uri = resolve_tracking_uri(options.tracking_uri)
-        client = open_client(uri)  # a bad store stops us here, before anything is submitted
-        with routed(sweep.name):  # the libraries' log lines go to driver.log, as for Tune
-            return run_job_sweep(
-                reg,
-                sweep,
-                trials,
-                options,
-                client=client,
-                uri=uri,
-                experiment_id=ensure_experiment(client, sweep.name, sweep.description),
-                tags=provenance_tags(reg.root),
-                console=console,
-            )
     figures_failed = 0
-    with handled() as interrupts, routed(sweep.name):
+    with handled() as interrupts, routed(sweep.name):  # library lines go to driver.log
         uri = resolve_tracking_uri(options.tracking_uri)
-        client = open_client(uri)  # a bad store stops us here, before Ray starts
-        experiment_id = ensure_experiment(client, sweep.name, sweep.description)
-        outcome = execute(
-            sweep,
-            trials,
+        client = open_client(uri)  # a bad store stops us here, before anything launches
+        session = SweepSession(
+            reg=reg,
+            sweep=sweep,
+            trials=trials,
+            options=options,
             client=client,
             uri=uri,
-            experiment_id=experiment_id,
+            experiment_id=ensure_experiment(client, sweep.name, sweep.description),
             tags=provenance_tags(reg.root),
-            address=options.address,
-            max_concurrent=options.max_concurrent or sweep.max_concurrent,
-            root=reg.root,
             console=console,
             interrupts=interrupts,
             started=started,
         )
+        if backend.launch is Launch.RAY_JOBS:  # each trial a Ray Job on a cluster
+            from pdmask.orchestration.ray_jobs import run_jobs
+
+            outcome = run_jobs(session)
+        else:
+            outcome = run_tune(session)
         _summary(console, sweep, outcome, uri)
         if outcome.lost_cluster:
-            console.print(
-                f"[red]sweep stopped: {outcome.lost_cluster}[/red]; its trials are KILLED, not "
-                "lost: run the same command again to resume them once the cluster is back"
-            )
-            return 1
+            raise ClusterLost(f"sweep stopped: {outcome.lost_cluster}")
         drawable = outcome.interrupted == 0 and not interrupts.requested
         if options.figures and sweep.figures and drawable:
             figures_failed = _build_figures(console, reg, sweep, uri, trials)
     if interrupts.requested or outcome.interrupted:
-        console.print("interrupted: run the same command again to resume")
+        console.print(outcome.resume_note)
         return EXIT_INTERRUPTED
     if outcome.config_errors or outcome.recipe_errors:
         return 2
     return 0 if outcome.failed == 0 and figures_failed == 0 else 1
+
+
+def run_tune(session: SweepSession) -> SweepOutcome:
+    """``Launch.TUNE``: the session's unfinished trials trained on Ray Tune (``execute``)."""
+    outcome = execute(
+        session.sweep,
+        session.trials,
+        client=session.client,
+        uri=session.uri,
+        experiment_id=session.experiment_id,
+        tags=session.tags,
+        address=session.options.address,
+        max_concurrent=session.options.max_concurrent or session.sweep.max_concurrent,
+        root=session.reg.root,
+        console=session.console,
+        interrupts=session.interrupts,
+        started=session.started,
+    )
+    if outcome.lost_cluster:
+        outcome.lost_cluster += (
+            "; its trials are KILLED, not lost: run the same command again to resume them once "
+            "the cluster is back"
+        )
+    return outcome
+
+
+def unfinished(by_hash: dict, trials: list[Trial]) -> tuple[list[Trial], set[str]]:
+    """Skip-finished, for every launch kind: the trials without a FINISHED run among ``by_hash``
+    (``runs_by_hash``), in order, and the hashes of those with one."""
+    done = TrialStatusIndex(by_hash).finished_hashes()
+    return [t for t in trials if t.trial_hash not in done], done
 
 
 def spread_by_model(trials: list[Trial]) -> list[Trial]:
@@ -175,7 +215,7 @@ def execute(
     from pdmask.orchestration.trial_logs import tune_dirnames
 
     by_hash = runs_by_hash(client, experiment_id)
-    done = TrialStatusIndex(by_hash).finished_hashes()
+    grid_todo, done = unfinished(by_hash, trials)
     # the headline metric: the mean of the backend's evaluation metrics (summary.py)
     headline = load_backend(trials[0].backend).eval_metrics(sweep.cluster) if trials else []
     if sweep.search is not None:
@@ -183,7 +223,7 @@ def execute(
         todo = trials[:1] if todo_count else []
         skipped = len(done)
     else:
-        todo = [t for t in trials if t.trial_hash not in done]
+        todo = grid_todo
         todo_count, skipped = len(todo), len(trials) - len(todo)
     console.print(
         f"sweep {sweep.name}: {len(trials) if sweep.search is None else sweep.search.budget} trials, "
@@ -195,7 +235,7 @@ def execute(
         return _concluded(outcome, runs, headline, started)
     interrupts = interrupts or Interrupts()
     if interrupts.requested:  # stopped while the store was checked: start nothing
-        return _settle(
+        return settle(
             client, experiment_id, sweep, trials, skipped, console, headline, started=started
         )
 
@@ -316,7 +356,7 @@ def execute(
         raise StoreLost(progress.store_lost)
     if lost is not None and started_ray:
         reap_embedded()  # its orphaned trials must stop before their runs are settled
-    outcome = _settle(client, experiment_id, sweep, trials, skipped, console, headline, started)
+    outcome = settle(client, experiment_id, sweep, trials, skipped, console, headline, started)
     outcome.lost_cluster = lost
     return outcome
 
@@ -330,10 +370,11 @@ def _cluster_lost(err: BaseException | None) -> str | None:
     return None
 
 
-def _settle(
-    client, experiment_id, sweep, trials, skipped, console, headline=(), started=None
+def settle(
+    client, experiment_id, sweep, trials, skipped, console, headline=(), started=None, detached=()
 ) -> SweepOutcome:
-    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable);
+    """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable),
+    but those of the trials in ``detached`` (their Ray jobs run on: the same command attaches);
     with the results (``headline``: the metrics the headline metric is the mean of) and
     failures of the runs read, and the wall time since ``started`` (``time.monotonic``).
 
@@ -345,6 +386,7 @@ def _settle(
 
     by_hash = runs_by_hash(client, experiment_id)
     finished = failed = interrupted = elsewhere = config_errors = recipe_errors = 0
+    running_on = 0  # detached jobs
     hashes = list(by_hash) if sweep.search is not None else [t.trial_hash for t in trials]
     read = []  # each trial's runs as last read
     for h in hashes:
@@ -352,6 +394,10 @@ def _settle(
         if "FINISHED" in statuses:
             finished += 1
             read += [r for r in by_hash[h] if r.info.status == "FINISHED"]  # not a past failure
+            continue
+        if h in detached:  # its job runs on the cluster: its run is not ours to end
+            read += by_hash.get(h, [])
+            running_on += 1
             continue
         with Claim(h, wait=0, holder=experiment_id) as ours:
             runs = find_trial_runs(client, experiment_id, h) if ours else by_hash.get(h, [])
@@ -383,6 +429,7 @@ def _settle(
         best=_best(client, experiment_id, sweep),
         config_errors=config_errors,
         recipe_errors=recipe_errors,
+        detached=running_on,
     )
     return _concluded(outcome, read, list(headline), started)
 
@@ -468,6 +515,7 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
         ["recipe error (fix the recipe file; never retried)", out.recipe_errors],
         ["interrupted (resume: run again)", out.interrupted],
         ["running in another invocation", out.elsewhere],
+        ["running on as Ray jobs (detached: the same command attaches)", out.detached],
     ]
     wall = "" if out.wall_s is None else f", wall time {duration(out.wall_s)}"
     console.print(table(f"sweep {sweep.name}: summary{wall}", ["", "trials"], rows))

@@ -1,5 +1,5 @@
 """The end of a sweep in numbers: each setting's final headline metric over its seeds, and why
-each failed trial failed. Pure: read from the runs ``runner._settle`` already holds.
+each failed trial failed. Pure: read from the runs ``runner.settle`` already holds.
 
 A run's final value is the mean of the backend's evaluation metrics (``eval_metrics``: one per
 dataset) at its last logged step, as the figures plot it. Runs are grouped by their method as

@@ -1,0 +1,89 @@
+"""A second job-submitting backend plugs in as one module plus one spec, and a sweep trains on it.
+
+``tests/fixtures/backends/pdm_bandit_jobs_backend.py`` is the module: the bandit of
+``test_third_backend.py`` trained in Ray jobs. Everything else is pdmask's one job loop, reached
+only through ``backends.interface``: a real Ray head started on loopback for the CPU profile
+(``ray_jobs_local``), the job API, the trials' MLflow runs in a real sqlite store, admission,
+polling, settling, skip-finished on the rerun, the summary.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pdmask.registry import load_registry, register_backend
+from pdmask.registry.backends import unregister_backend
+
+pytestmark = [pytest.mark.slow, pytest.mark.processes]
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "backends"
+SWEEP = """\
+name: bandit-jobs
+description: "Two recipes on the bandit, each trial a Ray job."
+backend: bandit-jobs
+cluster: this-machine
+profile: smoke
+seeds: 1
+retries: 0
+grid:
+  method: [dppo-topk-kl, pdm-agg]
+  model: [qwen3-4b-base]
+  precision: [bf16]
+  delta: [0.05]
+"""
+
+
+@pytest.fixture
+def bandit_jobs(tmp_path, monkeypatch):
+    """A project with a bandit-jobs sweep, the backend registered in this process, and its
+    modules importable here and in the jobs (their PYTHONPATH)."""
+    monkeypatch.syspath_prepend(str(FIXTURES))
+    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
+    from pdm_bandit_jobs_backend import SPEC
+
+    register_backend(SPEC)
+    for name in ("recipes", "sweeps", "dashboards"):
+        shutil.copytree(ROOT / name, tmp_path / name)
+    (tmp_path / "sweeps" / "bandit-jobs.yaml").write_text(SWEEP)
+    monkeypatch.chdir(tmp_path)
+    for var in ("PDM_PROJECT", "PDM_HOME", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    monkeypatch.setenv("PDM_JOB_POLL_SECONDS", "1")
+    yield tmp_path
+    unregister_backend(SPEC.name)
+
+
+def test_a_job_backend_in_one_module_trains_through_the_one_job_loop(bandit_jobs, capsys):
+    from mlflow.tracking import MlflowClient
+
+    import pdmask
+
+    trials = load_registry().expand("bandit-jobs")
+    assert {t.backend for t in trials} == {"bandit-jobs"} and len(trials) == 2
+    result = pdmask.run_sweep("bandit-jobs", pdmask.SweepOptions(figures=False))
+    out = capsys.readouterr().out
+    assert result.ok, out[-4000:]
+    client = MlflowClient(result.tracking_uri)
+    experiment = client.get_experiment_by_name("bandit-jobs")
+    runs = client.search_runs([experiment.experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}, out[-4000:]
+    for run in runs:
+        tags = run.data.tags
+        assert tags["pdm.backend"] == "bandit-jobs"
+        assert tags["pdm.ray_job"] == f"pdm-bandit-jobs-{tags['pdm.trial_hash']}-a1"
+        acc = client.get_metric_history(run.info.run_id, "val-core/bandit/acc/mean_at_16")
+        values = [m.value for m in sorted(acc, key=lambda m: m.step)]
+        assert len(values) == 7 and values[-1] > values[0], values  # it learned: steps 0..6
+    assert "sweep bandit-jobs: Ray jobs" in out  # the job loop's table
+    assert "finished now" in out and "trial logs: " in out  # the runner's shared summary
+    again = pdmask.run_sweep("bandit-jobs", pdmask.SweepOptions(figures=False))
+    out = capsys.readouterr().out
+    assert again.ok, out[-4000:]
+    assert "2 already finished, 0 to run" in out, out[-4000:]
+    assert len(client.search_runs([experiment.experiment_id])) == 2
