@@ -167,10 +167,26 @@ def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g
     ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, written by one kernel; where the
     support or the tail has a gradient, its sparse terms are added at the support ids in float32
     and each of those entries is written once more (rounded once, like every other entry)."""
+    from .logits_pass import sparse_entries, upstream
+
     n, vocab = logits.shape
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     if not n:
         return grad
+    g_y, g_s, g_t, g_h, coef = upstream(g_y, g_s, g_t, g_h, tail_mass, ent, lse, lse)
+    grid = (n, -(-vocab // BACKWARD_BLOCK))
+    _backward[grid](
+        logits, logits.stride(0), vocab, sampled.contiguous().long(), lse, coef.contiguous(),
+        g_y.contiguous(), g_y if g_h is None else g_h.contiguous(), grad, grad.stride(0),
+        BLOCK=BACKWARD_BLOCK, ENTROPY=g_h is not None, num_warps=WARPS,
+    )  # fmt: skip
+    if g_s is not None or g_t is not None:
+        at = torch.cat([support_ids, sampled[:, None]], 1).long()
+        z_at = logits.gather(1, at).float()
+        p_at = torch.exp(z_at - lse[:, None])
+        value = sparse_entries(at, support_ids, sampled, p_at, z_at, coef, g_y, g_s, g_t, g_h)
+        grad.scatter_(1, at, value.to(grad.dtype))  # duplicate ids write one value
+    return grad
     zeros = torch.zeros(n, dtype=torch.float32, device=logits.device)
     g_y = zeros if g_y is None else g_y.float().contiguous()
     coef = -g_y  # every output's -g pi_j part, per row (see logits_pass's docstring)
