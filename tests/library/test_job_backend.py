@@ -9,18 +9,13 @@ polling, settling, skip-finished on the rerun, the summary.
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
-from pdmask.registry import load_registry, register_backend
-from pdmask.registry.backends import unregister_backend
+from pdmask.registry import load_registry
+from tests.library.conftest import fixture_backend_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "backends"
 SWEEP = """\
 name: bandit-jobs
 description: "Two recipes on the bandit, each trial a Ray job."
@@ -40,23 +35,10 @@ grid:
 @pytest.fixture
 def bandit_jobs(tmp_path, monkeypatch):
     """A project with a bandit-jobs sweep, the backend registered in this process, and its
-    modules importable here and in the jobs (their PYTHONPATH)."""
-    monkeypatch.syspath_prepend(str(FIXTURES))
-    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
-    from pdm_bandit_jobs_backend import SPEC
-
-    register_backend(SPEC)
-    for name in ("recipes", "sweeps", "dashboards"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    (tmp_path / "sweeps" / "bandit-jobs.yaml").write_text(SWEEP)
-    monkeypatch.chdir(tmp_path)
-    for var in ("PDM_PROJECT", "PDM_HOME", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    modules importable here and in the jobs; the job loop polls every second."""
     monkeypatch.setenv("PDM_JOB_POLL_SECONDS", "1")
-    yield tmp_path
-    unregister_backend(SPEC.name)
+    with fixture_backend_project(tmp_path, "pdm_bandit_jobs_backend", {"bandit-jobs": SWEEP}):
+        yield tmp_path
 
 
 def test_a_job_backend_in_one_module_trains_through_the_one_job_loop(bandit_jobs, capsys):

@@ -8,19 +8,15 @@ Real parts: an embedded local Ray started in this process, a sqlite MLflow store
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from pdmask.errors import BackendUnavailable, ValidationFailed
 from pdmask.registry import load_registry, plan_rows, register_backend
-from pdmask.registry.backends import BACKENDS, BackendSpec, unregister_backend
+from pdmask.registry.backends import BACKENDS, BackendSpec
+from tests.library.conftest import fixture_backend_project
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures" / "backends"
 SWEEP = """\
 name: bandit-smoke
 description: "Two recipes on the bandit backend."
@@ -36,24 +32,11 @@ grid:
 
 
 @pytest.fixture
-def bandit(tmp_path, monkeypatch):
+def bandit(tmp_path):
     """A project with a bandit sweep, the backend registered in this process, and its module
     importable here and in the Ray workers this process starts."""
-    monkeypatch.syspath_prepend(str(FIXTURES))
-    monkeypatch.setenv("PYTHONPATH", str(FIXTURES))
-    from pdm_bandit_backend import SPEC
-
-    register_backend(SPEC)
-    for name in ("recipes", "sweeps", "dashboards"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    (tmp_path / "sweeps" / "bandit-smoke.yaml").write_text(SWEEP)
-    monkeypatch.chdir(tmp_path)
-    for var in ("PDM_PROJECT", "PDM_HOME", "MLFLOW_TRACKING_URI", "RAY_ADDRESS"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    yield tmp_path
-    unregister_backend(SPEC.name)
+    with fixture_backend_project(tmp_path, "pdm_bandit_backend", {"bandit-smoke": SWEEP}):
+        yield tmp_path
 
 
 def test_the_registry_checks_and_plans_a_registered_backend(bandit):
