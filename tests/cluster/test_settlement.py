@@ -137,3 +137,22 @@ def test_two_submitters_of_one_attempt_leave_one_run_and_no_orphan(store, monkey
     assert client.get_run(ours.info.run_id).info.lifecycle_stage == "deleted"
     kept = runs_by_hash(client, exp)[trial.trial_hash]
     assert [r.info.run_id for r in kept] == [theirs.run_id]
+
+
+def test_a_resumed_run_continues_after_its_last_logged_step_whatever_its_tag_says(store):
+    """The store commits a batch's metrics and the ``pdm.last_step`` tag in two transactions: a
+    process killed between them leaves the tag behind. The next attempt must not log that step
+    again (seen: a SIGKILLed sweep's validation at steps 0, 0, 2, 4)."""
+    client, exp = store
+    trial = load_registry(ROOT).expand("main-figure")[5]
+    run = TrialRun.start_or_resume(client, exp, trial, {}, log_params=False)
+    assert run.log(0, {"val-core/a/acc": 0.1}) and run.log(2, {"val-core/a/acc": 0.2})
+    client.log_metric(run.run_id, "val-core/a/acc", 0.3, step=4)  # committed; then the kill
+    client.set_terminated(run.run_id, status="KILLED")
+    assert client.get_run(run.run_id).data.tags["pdm.last_step"] == "2"
+    again = TrialRun.start_or_resume(client, exp, trial, {}, log_params=False)
+    assert again.run_id == run.run_id and again.last_step == 4
+    assert not again.log(4, {"val-core/a/acc": 0.3})  # not twice
+    assert again.log(6, {"val-core/a/acc": 0.4})
+    steps = [m.step for m in client.get_metric_history(run.run_id, "val-core/a/acc")]
+    assert steps == [0, 2, 4, 6]

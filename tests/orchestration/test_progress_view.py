@@ -236,13 +236,13 @@ def test_lr0_controls_are_a_row_of_their_own_never_seeds_of_the_trained_method()
     trials = reg.expand("main-figure")
     control = next(t for t in trials if t.sim.get("lr") == 0)
     trained = next(t for t in trials if t.method == control.method and not t.sim)
-    assert control.tags()["pdm.label"] == f"{control.method} (lr = 0 mismatch control)"
-    assert trained.tags()["pdm.label"] == trained.method
-    label = control.tags()["pdm.label"]
+    assert control.tags()["pdm.method_label"] == f"{control.method} (lr = 0 mismatch control)"
+    assert trained.tags()["pdm.method_label"] == trained.method
+    label = control.tags()["pdm.method_label"]
     runs = [
-        _run("dppo-topk-kl", 0, (0.8, 0.8), **{"pdm.label": "dppo-topk-kl"}),
-        _run("dppo-topk-kl", 1, (0.82, 0.82), **{"pdm.label": "dppo-topk-kl"}),
-        _run("dppo-topk-kl", 2, (0.13, 0.13), **{"pdm.label": label, "pdm.sim.lr": "0.0"}),
+        _run("dppo-topk-kl", 0, (0.8, 0.8), **{"pdm.method_label": "dppo-topk-kl"}),
+        _run("dppo-topk-kl", 1, (0.82, 0.82), **{"pdm.method_label": "dppo-topk-kl"}),
+        _run("dppo-topk-kl", 2, (0.13, 0.13), **{"pdm.method_label": label, "pdm.sim.lr": "0.0"}),
         _run("dppo-topk-kl", 3, (0.12, 0.12), **{"pdm.sim.lr": "0.0"}),  # before the label tag
     ]
     results = {r["setting"]: r for r in results_by_setting(runs, METRICS)}

@@ -18,7 +18,7 @@ from pdmask.registry.sim_knobs import knobs_label
 
 # The trial axes a result row is told apart by, as the run tags name them (Trial.tags()); the
 # first is the method's label.
-AXES = ("pdm.label", "pdm.model", "pdm.precision", "pdm.delta")
+AXES = ("pdm.method_label", "pdm.model", "pdm.precision", "pdm.delta")
 SIM_TAG_PREFIX = "pdm.sim."
 FAILURE_REASON_TAG = "pdm.failure_reason"
 
@@ -57,8 +57,8 @@ def results_by_setting(runs: list, metrics: list[str]) -> list[dict[str, Any]]:
 def _label(tags: dict[str, str]) -> str:
     """The run's method label; for a run logged before runs carried one, its method and its
     embedded knobs (the ``pdm.sim.*`` tags), which is what told controls apart."""
-    if tags.get("pdm.label"):
-        return tags["pdm.label"]
+    if tags.get("pdm.method_label"):
+        return tags["pdm.method_label"]
     knobs = {}
     for key, value in tags.items():
         if key.startswith(SIM_TAG_PREFIX):

@@ -113,7 +113,7 @@ class Trial(BaseModel):
             "pdm.trial_hash": self.trial_hash,
             "pdm.method": self.method,
             # the method as tables show it: a control or a varied parameter is never a plain row
-            "pdm.label": self.method_label(),
+            "pdm.method_label": self.method_label(),
             "pdm.model": self.model,
             "pdm.precision": self.precision,
             "pdm.setting": self.setting,

@@ -25,6 +25,7 @@ from pdmask.tracking.store import open_client, resolve_tracking_uri, sqlite_path
 IDENTITY_TAGS = {
     "sweep": "pdm.sweep",
     "method": "pdm.method",
+    "method_label": "pdm.method_label",  # the method as tables show it (controls say so)
     "model": "pdm.model",
     "precision": "pdm.precision",
     "setting": "pdm.setting",

@@ -90,6 +90,18 @@ def summarize_status(runs: list) -> str:
     return "todo"
 
 
+def _last_logged_step(client, run) -> int:
+    """The last step a run holds: its ``pdm.last_step`` tag, or a later step among its metrics.
+    The store writes a batch's metrics and its tags in two transactions, so a process killed
+    between them leaves the tag a step behind; resuming from the tag alone logged that step twice
+    (seen: a SIGKILLed sweep's validation at steps 0, 0, 2, 4)."""
+    last = int(run.data.tags.get("pdm.last_step", "-1"))
+    for key in run.data.metrics:
+        history = with_retry(lambda key=key: client.get_metric_history(run.info.run_id, key))
+        last = max([last, *(m.step for m in history)])
+    return last
+
+
 @dataclass
 class TrialRun:
     """The open MLflow run of a trial, as seen by the process that trains it."""
@@ -120,8 +132,7 @@ class TrialRun:
             if FAILURE_KIND_TAG in run.data.tags:  # a new attempt: its own outcome decides
                 with_retry(lambda: client.delete_tag(run.info.run_id, FAILURE_KIND_TAG))
             with_retry(lambda: client.set_tag(run.info.run_id, "pdm.attempts", str(attempt)))
-            last = int(run.data.tags.get("pdm.last_step", "-1"))
-            return cls(client, run.info.run_id, last, attempt, resumed=True)
+            return cls(client, run.info.run_id, _last_logged_step(client, run), attempt, True)
         all_tags = {
             **trial.tags(),
             **tags,

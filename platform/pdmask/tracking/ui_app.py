@@ -8,8 +8,8 @@ every UI route (``index.html``) is therefore given a script, before MLflow's bun
 
 - stores the training view as the browser's choice (every page load: a pdm store holds training
   runs only; the UI's own switch still works until the next load);
-- gives each pdm sweep's runs table its columns (method, model, precision, delta, seed and the
-  headline metric) the first time the browser opens that experiment; later choices are the
+- gives each pdm sweep's runs table its columns (the method's label, model, precision, delta,
+  seed and the headline metric; MLflow's own columns show each run's status and duration) the first time the browser opens that experiment; later choices are the
   user's, kept by MLflow as before (and keeps MLflow's LLM assistant from opening itself on a
   first visit: no model serves it here);
 - puts the headline metric's chart section first on a run page's "Model metrics" tab. MLflow sorts
@@ -44,7 +44,8 @@ PAGE_STATE_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{}-ReactComponentState"
 # A run page's "Model metrics" charts: MLflowLocalStorage-1.1-RunPage-<run id>-model-chartUIState.
 RUN_CHARTS_KEY = r"^MLflowLocalStorage-1\.1-RunPage-[0-9a-f]+-model-chartUIState$"
 # The runs table's columns of a sweep, in order; the headline metric is appended per experiment.
-RUN_COLUMNS = ("pdm.method", "pdm.model", "pdm.precision", "pdm.delta", "pdm.seed")
+# The method as tables show it (Trial.method_label): a control or a varied parameter says so.
+RUN_COLUMNS = ("pdm.method_label", "pdm.model", "pdm.precision", "pdm.delta", "pdm.seed")
 _NO_CONDITIONAL = {b"if-none-match", b"if-modified-since"}  # the page is rewritten: never a 304
 
 
