@@ -63,6 +63,7 @@ def model_cache(tmp_path_factory) -> Path:
 # rest; every other module follows by its measured time, the rest in collection order.
 LONGEST_FIRST = (
     "verl_cpu/test_verl_sweep.py",
+    "verl_cpu/test_verl_cluster.py",
     "orchestration/test_signals.py",
     "orchestration/test_sweep_runs.py",
     "verl_cpu/test_weight_sync.py",

@@ -6,7 +6,8 @@ Each node is a ``ray start --block`` in a session of its own, with its own tempo
 free ports (other engineers' Ray instances share the machine); the second node joins through
 ``join_node.py`` (why: there). Processes are started without waiting, so the head, an open
 (unauthenticated) head and the tracking server come up side by side, and stopped by PID: every
-process each started gets SIGTERM, then SIGKILL. Never ``ray stop``.
+process each started, and every process left in its session (a Ray worker whose raylet died is
+re-parented, not gone), gets SIGTERM, then SIGKILL. Never ``ray stop``.
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from pathlib import Path
 
 from pdmask.loopback import LOOPBACK, free_port
 from pdmask.orchestration.local_ray import LOOPBACK_ENV
-from pdmask.orchestration.ray_jobs_local import NODE_PORT_FLAGS
-from tests.cluster.conftest import _descendants, stop_by_pid
+from pdmask.orchestration.ray_jobs_local import NODE_PORT_FLAGS, tree_of
+from tests.cluster.conftest import stop_by_pid
 
 BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 120.0
+WORKER_RESOURCE = "pdm_worker_node"  # what only the joining node has
 
 
 @dataclass
@@ -47,8 +49,12 @@ class Started:
     def fail(self, what: str) -> RuntimeError:
         return RuntimeError(f"{what}:\n{self.log.read_text()[-3000:]}")
 
+    def processes(self) -> list[int]:
+        """Its process, its descendants and whatever is left in its session."""
+        return tree_of(self.process.pid)
+
     def stop(self) -> None:
-        stop_by_pid(_descendants(self.process.pid))
+        stop_by_pid(self.processes())
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
         shutil.rmtree(self.folder, ignore_errors=True)
@@ -84,7 +90,7 @@ def _spawn(cmd: list[str], env: dict[str, str], prefix: str, **extra) -> Started
     return Started(process, folder, log, extra)
 
 
-def start_head(token: str | None, num_cpus: int = 1) -> Started:
+def start_head(token: str | None, num_cpus: int = 1, num_gpus: int = 0) -> Started:
     gcs, dash = free_port(), free_port()
     ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port()}
     ports.update({flag: free_port() for flag in NODE_PORT_FLAGS})
@@ -98,6 +104,7 @@ def start_head(token: str | None, num_cpus: int = 1) -> Started:
         "--include-dashboard=true",
         "--disable-usage-stats",
         f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
         f"--object-store-memory={256 * 1024 * 1024}",
         "--temp-dir={folder}",
         *(f"{k}={v}" for k, v in ports.items()),
@@ -107,7 +114,8 @@ def start_head(token: str | None, num_cpus: int = 1) -> Started:
     )
 
 
-def start_worker(head: Started, token: str | None) -> Started:
+def start_worker(head: Started, token: str | None, num_cpus: int = 1, num_gpus: int = 0) -> Started:
+    """A node joining ``head``'s cluster, with the custom resource ``pdm_worker_node``."""
     cmd = [
         sys.executable,
         str(Path(__file__).with_name("join_node.py")),
@@ -116,8 +124,9 @@ def start_worker(head: Started, token: str | None) -> Started:
         f"--address={head.extra['gcs']}",
         f"--node-ip-address={LOOPBACK}",
         "--disable-usage-stats",
-        "--num-cpus=1",
-        "--resources=" + json.dumps({"pdm_worker_node": 1}),
+        f"--num-cpus={num_cpus}",
+        f"--num-gpus={num_gpus}",
+        "--resources=" + json.dumps({WORKER_RESOURCE: 1}),
         f"--object-store-memory={256 * 1024 * 1024}",
         "--temp-dir={folder}",
         *(f"{flag}={free_port()}" for flag in NODE_PORT_FLAGS),
@@ -192,36 +201,58 @@ class Site:
 
     token: str
     address: str  # the two-node cluster's job API (token auth on)
-    open_address: str  # a one-node head without authentication
+    open_address: str | None  # a one-node head without authentication (when asked for)
     tracking_uri: str  # the MLflow server
-    processes: list[Started]
+    processes: list[Started]  # every process started so far, a restarted node's too
+    head: Started
+    worker: Started  # the joining node now in the cluster
+    worker_shape: dict[str, int]  # its CPUs and GPUs, for a restart
+
+    def restart_worker(self) -> Started:
+        """A node like the worker joins again (its own new folder and ports), as a machine
+        whose raylet died and was brought back: a new node to Ray."""
+        self.worker = start_worker(self.head, self.token, **self.worker_shape)
+        self.processes.append(self.worker)
+        alive = alive_nodes(self.address, self.token)
+        wait_until(
+            self.worker,
+            lambda: alive_nodes(self.address, self.token) > alive,
+            "the restarted node",
+        )
+        return self.worker
 
 
 @contextlib.contextmanager
-def site():
+def site(head_cpus: int = 1, worker_cpus: int = 1, worker_gpus: int = 0, open_head: bool = True):
+    """The cluster (a ``head_cpus`` head and a ``worker_cpus`` / ``worker_gpus`` node), the
+    tracking server and, with ``open_head``, a one-node head without authentication."""
     token = "pdm-test-" + secrets.token_hex(16)
     started: list[Started] = []
     try:
-        head = start_head(token)
+        head = start_head(token, num_cpus=head_cpus)
         started.append(head)
-        open_head = start_head(None)
-        started.append(open_head)
+        unauthenticated = start_head(None) if open_head else None
+        if unauthenticated:
+            started.append(unauthenticated)
         tracking = start_tracking_server()
         started.append(tracking)
         address = head.extra["address"]
         wait_until(head, lambda: _get(f"{address}/api/version", token) == 200, "the Ray head")
-        worker = start_worker(head, token)
+        shape = {"num_cpus": worker_cpus, "num_gpus": worker_gpus}
+        worker = start_worker(head, token, **shape)
         started.append(worker)
         uri = tracking.extra["uri"]
         wait_until(tracking, lambda: _get(f"{uri}/health") == 200, "the MLflow server")
-        wait_until(
-            open_head,
-            lambda: _get(f"{open_head.extra['address']}/api/version") == 200,
-            "the open Ray head",
-        )
+        if unauthenticated:
+            wait_until(
+                unauthenticated,
+                lambda: _get(f"{unauthenticated.extra['address']}/api/version") == 200,
+                "the open Ray head",
+            )
         wait_until(worker, lambda: alive_nodes(address, token) == 2, "the second node")
-        yield Site(token, address, open_head.extra["address"], uri, started)
+        open_address = unauthenticated.extra["address"] if unauthenticated else None
+        yield Site(token, address, open_address, uri, started, head, worker, shape)
     finally:  # all at once: SIGTERM to every process of every node, then SIGKILL
-        stop_by_pid(sorted(set().union(*(_descendants(p.process.pid) for p in started))))
+        stop_by_pid(sorted(set().union(*(p.processes() for p in started))))
         for process in started:
             process.stop()  # reaps it, removes its folder (nothing is left to signal)

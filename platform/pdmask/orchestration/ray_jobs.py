@@ -326,7 +326,8 @@ class JobRunner:
             return
         total = sum(self.cluster.node_gpus())
         reserved = sum(j.gpus for j in active)
-        free = total - max(self.cluster.gpus_in_use(), reserved)
+        # Ray can count a dead node's job as holding GPUs a while after the node left the total
+        free = max(0.0, total - max(self.cluster.gpus_in_use(), reserved))
         admitted = 0
         for job in queued:
             if self.max_concurrent and len(active) + admitted >= self.max_concurrent:

@@ -38,6 +38,7 @@ REWARD_MODULE = "pkg://pdmask.backends.verl.rewards"
 REWARD_FUNCTION = "compute_score"
 
 _A = "actor_rollout_ref.actor"
+TQ_NODE_RESOURCE = "transfer_queue.backend.SimpleStorage.required_node_resource"
 _R = "actor_rollout_ref.rollout"
 
 
@@ -217,6 +218,12 @@ def _trial_extra(
         "trainer.resume_mode": "auto",
         # per trial hash: a retry resumes its own checkpoints, never another trial's
         "trainer.default_local_dir": str(Path(checkpoints) / sweep.name / trial.trial_hash),
+        # The transfer queue pins its storage units (actors of one CPU each) round-robin to every
+        # alive node, soft=False (TransferQueue's get_node_round_robin_scheduling_strategies): a
+        # head started without CPUs, as clusters keep their head free of work, is picked like
+        # any node and the job dies "not schedulable". Only nodes with GPUs, where verl's
+        # workers run, are eligible (on a CPU profile: the node with the logical GPU).
+        f"+{TQ_NODE_RESOURCE}": "GPU",
     }
     if on_cpu(cluster):
         from pdmask.backends.verl.cpu_profile import CPU_OVERRIDES
