@@ -11,7 +11,7 @@ QWEN3_VOCAB = 151_936
 
 
 def test_cpu_chunks_stay_cache_sized_gpu_chunks_amortise_launches():
-    assert rows_per_chunk(QWEN3_VOCAB, None, "cpu") == 3  # 2**19 elements: ~2 MB of float32
+    assert rows_per_chunk(QWEN3_VOCAB, None, "cpu") == 1  # 2**18 elements: one row, 0.6 MB
     assert rows_per_chunk(QWEN3_VOCAB, None, "cuda") == 441  # 2**26 elements: 256 MiB
     assert rows_per_chunk(QWEN3_VOCAB, None, torch.device("cuda", 3)) == 441
     # a device type with no budget of its own (e.g. an NPU) gets the conservative CPU one

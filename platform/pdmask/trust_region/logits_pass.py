@@ -4,8 +4,8 @@ Why a custom autograd function: the statistics need the log-sum-exp, ``pi`` at `
 sums of ``pi**2`` (and ``pi**3``) over the tail, in at least float32, from bf16 logits. Computing them
 with plain torch ops would materialise ``[N, V]`` float32 copies (log-softmax, probabilities) for the
 forward *and* keep them for the backward. Here rows are processed in chunks: the only extra memory is
-one ``[chunk, V]`` float32 buffer plus ``O(N * (K+1))``, and the backward recomputes each chunk's
-softmax, exactly as a fused cross-entropy kernel would.
+two ``[chunk, V]`` float32 buffers plus ``O(N * (K+1))``, and the backward recomputes each chunk's
+``pi = exp(z - lse)`` from the saved log-sum-exp, as a fused cross-entropy kernel would.
 
 ``logp_sampled`` (the log-probability of the sampled token) always carries a gradient. On request
 (a recipe's ``needs``) two more outputs do, still without an ``[N, V]`` copy:
@@ -33,14 +33,17 @@ import torch
 
 # Elements of the float32 chunk buffer, by device type. Every chunk costs a fixed number of
 # kernels (about ten in the forward, four in the backward), whatever its size:
-# - CPU: ~2 MB keeps a chunk in the cache, which matters because every statistic is one more
-#   sweep over the chunk (measured: 2**19 beats 2**21 by ~15 %);
+# - CPU: a chunk's two float32 buffers (the logits' copy and log pi) must stay in a core's L2
+#   cache (1-2 MB on current server cores), because every statistic is one more sweep over the
+#   chunk: 2**18 elements (one row at Qwen3's vocabulary) against 2**19 (three rows, 3.6 MB),
+#   measured on a 2 MB-L2 Xeon: one row takes 0.65-0.95 of the time per sweep of three (the
+#   EPYC it was set on: 2**19 had beaten 2**21 by ~15 %);
 # - GPU: a chunk must be big enough that its kernels run far longer than they take to launch
 #   (~5 us each). 2**26 elements (256 MiB of float32, 441 rows at V = 151,936) is one ~60 us
 #   sweep at an H200's ~4.3 TB/s. Measured on an H200 (benchmarks/RESULTS.md): 441 rows took
 #   66 ms at 0.81 GB above the gradient, 2048 rows 60 ms at 3.7 GB, 64 rows 118 ms; a GPU runs
 #   the fused kernels instead (12 ms), so this is the size of an explicit request for chunks.
-CHUNK_ELEMENTS = {"cpu": 2**19, "cuda": 2**26}
+CHUNK_ELEMENTS = {"cpu": 2**18, "cuda": 2**26}
 # The logits dtypes the fused kernels take (computed in float32, like this pass).
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -97,17 +100,24 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         tail_sq = torch.empty(n, dtype=cdt, device=logits.device)
         tail_cube = torch.empty(n, dtype=cdt, device=logits.device) if second_order else None
         ent = torch.empty(n, dtype=cdt, device=logits.device) if entropy else None
-        # A second chunk buffer, allocated once (a fresh one per chunk costs its page faults).
-        scratch = logits.new_empty((min(rows, n), logits.shape[1]), dtype=cdt) if entropy else None
+        # The chunk's logits are copied into the compute dtype first: on CPU, torch's softmax
+        # family reading bf16 with ``dtype=float32`` runs 1.4-2 times slower than a vectorised
+        # copy plus the float32 kernel (measured on an AMX Xeon). With the entropy that buffer
+        # then takes pi (never the caller's logits). Both buffers are allocated once: a fresh
+        # ``[rows, V]`` per chunk costs its page faults.
+        copy = logits.dtype != cdt
+        shape = (min(rows, n), logits.shape[1])
+        logp_buffer = logits.new_empty(shape, dtype=cdt)
+        buffer = logits.new_empty(shape, dtype=cdt) if copy or entropy else None
         for start in range(0, n, rows):
             stop = min(start + rows, n)
             ids = support_ids[start:stop]
-            # One fused kernel reads the low-precision chunk and writes float32 log-probs.
-            logp = torch.log_softmax(logits[start:stop], dim=-1, dtype=cdt)
+            z = buffer[: stop - start].copy_(logits[start:stop]) if copy else logits[start:stop]
+            logp = torch.log_softmax(z, dim=-1, out=logp_buffer[: stop - start])
             logp_support[start:stop] = logp.gather(1, ids)
             logp_sampled[start:stop] = logp.gather(1, sampled[start:stop, None]).squeeze(1)
-            if entropy:  # log pi is still needed: exponentiate into a second chunk buffer
-                probs = torch.exp(logp, out=scratch[: stop - start])
+            if entropy:  # log pi is still needed: exponentiate into the buffer (z is done)
+                probs = torch.exp(logp, out=buffer[: stop - start])
                 _row_dots(probs, logp, out=ent[start:stop]).neg_()
             else:
                 probs = logp.exp_()
@@ -117,10 +127,12 @@ class _ChunkedLogitsPass(torch.autograd.Function):
             tail_sq[start:stop] = torch.linalg.vector_norm(probs, 2, dim=-1).square()
             if second_order:
                 tail_cube[start:stop] = torch.linalg.vector_norm(probs, 3, dim=-1).pow(3)
-        # log pi_j = z_j - lse: the backward needs lse for the entropy's gradient (from z_y, exact).
-        lse = None
-        if entropy:
-            lse = logits.gather(1, sampled[:, None]).squeeze(1).to(cdt) - logp_sampled
+        # log pi_j = z_j - lse: every backward rebuilds pi_j = exp(z_j - lse) from it (from z_y,
+        # exact), which is cheaper than a softmax's two reductions.
+        lse = logits.gather(1, sampled[:, None]).squeeze(1).to(cdt) - logp_sampled
+        lost = ~torch.isfinite(lse)  # a sampled id at -inf: that row's lse in full (rare)
+        if lost.any():
+            lse[lost] = torch.logsumexp(logits[lost].to(cdt), dim=-1)
         ctx.save_for_backward(logits, sampled, support_ids, tail_mass, ent, lse)
         ctx.rows = rows
         detached = [tail_sq] + ([tail_cube] if second_order else [])
@@ -144,30 +156,30 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         if grad_support is None and grad_tail is None and grad_entropy is None:
             if grad_logp is None:
                 return (None, *nothing)
-            return (_sampled_only_backward(logits, sampled, grad_logp, ctx.rows), *nothing)
+            return (_sampled_only_backward(logits, sampled, lse, grad_logp, ctx.rows), *nothing)
         cdt = compute_dtype(logits.dtype)
         g_y, g_s, g_t, g_h, coef = upstream(
             grad_logp, grad_support, grad_tail, grad_entropy, tail_mass, ent, lse, logits
         )
         n = logits.shape[0]
         grad_logits = torch.empty_like(logits)
-        scratch = None
-        if g_h is not None:
-            scratch = logits.new_empty((min(ctx.rows, n), logits.shape[1]), dtype=cdt)
+        shape = (min(ctx.rows, n), logits.shape[1])
+        buffer = logits.new_empty(shape, dtype=cdt)
+        z_buffer = logits.new_empty(shape, dtype=cdt) if g_h is not None else None
         for start in range(0, n, ctx.rows):
             stop = min(start + ctx.rows, n)
             ids = support_ids[start:stop]
             if g_h is not None:
-                # pi_j (c - g_H z_j): a copy of the chunk's logits, not a second exp over it.
+                # pi_j (c - g_H z_j): z in the compute dtype, pi = exp(z - lse) beside it.
                 # (Fused mixed-dtype alternatives, an addcmul reading the bf16 logits or a multiply
                 # writing the bf16 gradient, measured slower on CPU: they leave torch's
                 # vectorised loops.)
-                probs = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
+                grad = z_buffer[: stop - start].copy_(logits[start:stop])
+                probs = _probs(grad, lse[start:stop], buffer)
                 pi_s = probs.gather(1, ids)
-                grad = scratch[: stop - start].copy_(logits[start:stop])
                 grad.mul_(-g_h[start:stop, None]).add_(coef[start:stop, None]).mul_(probs)
             else:
-                grad = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
+                grad = _probs(logits[start:stop], lse[start:stop], buffer)
                 pi_s = grad.gather(1, ids)
                 grad.mul_(coef[start:stop, None])
             if g_t is not None:
@@ -255,18 +267,31 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tens
     return out
 
 
-def _sampled_only_backward(logits, sampled, grad_logp, rows):
-    """The common case, kept to two sweeps per chunk: only log pi(y) received a gradient."""
+def _probs(z: torch.Tensor, lse: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
+    """``pi = exp(z - lse)`` for a chunk's rows, in ``buffer`` (compute dtype): a copy (or the
+    subtraction itself, for logits already in the compute dtype), a subtraction and an exp, each
+    one vectorised sweep; torch's softmax from bf16 measured about twice as slow on CPU."""
+    out = buffer[: z.shape[0]]
+    if z.dtype == out.dtype:
+        torch.sub(z, lse[:, None], out=out)
+    else:
+        out.copy_(z).sub_(lse[:, None])
+    return out.exp_()
+
+
+def _sampled_only_backward(logits, sampled, lse, grad_logp, rows):
+    """The common case: only log pi(y) received a gradient, ``-g (pi - e_y)``."""
     grad_logits = torch.empty_like(logits)
     cdt = compute_dtype(logits.dtype)
     grad_logp = grad_logp.to(cdt)
+    buffer = logits.new_empty((min(rows, logits.shape[0]), logits.shape[1]), dtype=cdt)
     for start in range(0, logits.shape[0], rows):
         stop = min(start + rows, logits.shape[0])
-        # d log pi_k / d z = e_k - pi: recompute this chunk's softmax (one fused kernel), then
-        # write -g (pi - e_k) straight into the gradient's dtype.
-        probs = torch.softmax(logits[start:stop], dim=-1, dtype=cdt)
+        probs = _probs(logits[start:stop], lse[start:stop], buffer)
         probs.scatter_add_(1, sampled[start:stop, None], probs.new_full((stop - start, 1), -1.0))
-        torch.mul(probs, -grad_logp[start:stop, None], out=grad_logits[start:stop])
+        # In place, then one converting copy: a multiply that writes the bf16 gradient directly
+        # leaves torch's vectorised loops (measured 1.1-1.5 times slower).
+        grad_logits[start:stop] = probs.mul_(-grad_logp[start:stop, None])
     return grad_logits
 
 
