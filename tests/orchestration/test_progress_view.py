@@ -223,6 +223,18 @@ def test_the_summary_gives_each_setting_mean_and_sd_over_seeds_and_each_failure(
     ], failed
     logs = next(ln for ln in text.splitlines() if ln.startswith("trial logs: "))
     assert logs.endswith("logs/demo (`pdm logs RUN` prints one)"), logs
+    assert "final avg@16 per setting" in text
+
+
+def test_the_summary_names_the_headline_by_its_sample_count():
+    from pdmask.orchestration.progress_view import HEADLINE_LABEL, headline_label
+
+    assert headline_label(METRICS) == "avg@16"
+    assert headline_label(["val-core/synth/acc/mean_at_2"]) == "avg@2"  # the tiny VeRL profile
+    assert headline_label(["val-core/a/acc/mean_at_2", "val-core/b/acc/mean_at_16"]) == (
+        HEADLINE_LABEL
+    )
+    assert headline_label(["eval/score"]) == HEADLINE_LABEL
 
 
 def test_lr0_controls_are_a_row_of_their_own_never_seeds_of_the_trained_method():

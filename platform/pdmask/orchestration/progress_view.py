@@ -22,6 +22,19 @@ from rich.text import Text
 from pdmask.console import table
 
 HEADLINE_LABEL = "avg@16"  # the headline metric's column (its name: the backend's eval_metrics)
+
+
+def headline_label(metrics: list[str]) -> str:
+    """``avg@N`` when every headline metric is a ``.../mean_at_N`` of one N (verl's names; the
+    tiny CPU profile samples 2), else ``HEADLINE_LABEL``."""
+    samples = {m.rpartition("mean_at_")[2] for m in metrics}
+    if len(samples) == 1 and all("mean_at_" in m for m in metrics):
+        (n,) = samples
+        if n.isdigit():
+            return f"avg@{n}"
+    return HEADLINE_LABEL
+
+
 RUNNING = ("running", "waiting", "retrying")
 FAILED = ("failed", "config error", "recipe error")
 DONE = ("done", "skipped", "elsewhere")

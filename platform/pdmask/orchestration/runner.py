@@ -504,7 +504,7 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
     one line per failed trial with its reason; the best trial of a search."""
     from rich.markup import escape
 
-    from pdmask.orchestration.progress_view import HEADLINE_LABEL, duration
+    from pdmask.orchestration.progress_view import duration, headline_label
     from pdmask.orchestration.summary import format_mean_sd
 
     rows = [
@@ -521,9 +521,10 @@ def _summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> Non
     console.print(table(f"sweep {sweep.name}: summary{wall}", ["", "trials"], rows))
     if out.results:
         body = [[r["setting"], r["n"], format_mean_sd(r["mean"], r["sd"])] for r in out.results]
-        title = f"final {HEADLINE_LABEL} per setting, mean ± sd over seeds"
+        label = headline_label(out.headline)
+        title = f"final {label} per setting, mean ± sd over seeds"
         console.print(table(title, ["setting", "n", "mean ± sd"], body))
-        console.print(f"{HEADLINE_LABEL}: the mean of {', '.join(out.headline)} at the last step")
+        console.print(f"{label}: the mean of {', '.join(out.headline)} at the last step")
     for f in out.failures:
         console.print(
             f"[red]failed[/red] {escape(f['name'])}: {escape(f['reason'])} "
