@@ -3,7 +3,7 @@
 The head is started with ``ray start --head --block`` in its own session, with its own temporary
 folder and free ports (several engineers' heads may share the machine), and fake GPUs: Ray takes
 ``--num-gpus`` at its word, so admission control is testable without GPUs. It is stopped by PID:
-every process it started (found by walking the process tree before stopping) gets SIGTERM, then
+every process it started (its process tree and session, found before stopping) gets SIGTERM, then
 SIGKILL. Never ``ray stop``: that would stop every Ray on the machine.
 """
 
@@ -24,6 +24,7 @@ import pytest
 
 from pdmask.loopback import free_port
 from pdmask.orchestration.local_ray import LOOPBACK_ENV
+from pdmask.orchestration.ray_jobs_local import tree_of
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once
@@ -32,29 +33,6 @@ RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
 # machine, so the submitter's sqlite store and state folder are the node's own (test_cluster_check.py
 # covers the refusals these flags lift).
 ONE_MACHINE = ("--insecure", "--skip-cluster-check")
-
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        tree.setdefault(ppid, []).append(int(entry))
-    return tree
-
-
-def _descendants(pid: int) -> list[int]:
-    tree, out, todo = _children(), [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(tree.get(p, []))
-    return out
 
 
 def _alive(pid: int) -> bool:
@@ -129,7 +107,7 @@ def ray_head_process():
         _wait_for_jobs_api(address, head, Path(tmp) / "head.log")
         yield RayHead(address, head)
     finally:
-        stop_by_pid(_descendants(head.pid))
+        stop_by_pid(tree_of(head.pid))
         head.wait(timeout=10)
         log.close()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+from pdmask.orchestration.ray_jobs_local import tree_of
 from tests.cluster.conftest import (
     ONE_MACHINE,
-    _descendants,
     env_for,
     pdm_cmd,
     ray_head_process,
@@ -225,7 +225,7 @@ def test_a_lost_head_ends_the_sweep_within_the_bound_with_the_command_to_resume(
             assert line or sweep.poll() is None, "".join(lines) + sweep.stderr.read()
             assert time.time() < deadline, "".join(lines)
             lines.append(line)
-        stop_by_pid(_descendants(head.process.pid))  # the head and its jobs, as a lost node
+        stop_by_pid(tree_of(head.process.pid))  # the head and its jobs, as a lost node
         lost_at = time.time()
         out, err = sweep.communicate(timeout=120)
         took = time.time() - lost_at

@@ -79,7 +79,7 @@ class ListenWatch:
         while not self._stop.wait(self.period):
             pids = tree_of(self.root_pid)
             for pid, addresses in listening(pids).items():
-                name = _name(pid)
+                name = process_name(pid)
                 for address in addresses:
                     self.seen.setdefault(address, set()).add(name)
             self.samples += 1
@@ -88,7 +88,8 @@ class ListenWatch:
         return {a: names for a, names in self.seen.items() if not is_loopback(a)}
 
 
-def _name(pid: int) -> str:
+def process_name(pid: int) -> str:
+    """The process's command name (``/proc/PID/comm``), or its pid once it is gone."""
     with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as fh:
         return fh.read().strip()
     return str(pid)

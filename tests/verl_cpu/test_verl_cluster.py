@@ -39,6 +39,7 @@ from tests.cluster.conftest import pdm_cmd
 from tests.cluster.two_node import alive_nodes, site
 
 from .conftest import ROOT, cpu_env
+from .listening import process_name
 
 SWEEP = "verl-cluster"
 STEPS = 3
@@ -135,18 +136,12 @@ class NodeKill:
                 m.step >= 1 for m in self.client.get_metric_history(run.info.run_id, KEYS[0])
             ):
                 continue
-            raylets = [p for p in self.cluster.worker.processes() if _comm(p) == "raylet"]
+            raylets = [p for p in self.cluster.worker.processes() if process_name(p) == "raylet"]
             assert len(raylets) == 1, f"expected the worker node's raylet, found {raylets}"
             self.run_id, self.submission_id, self.raylet = run.info.run_id, sid, raylets[0]
             os.kill(raylets[0], signal.SIGKILL)
             self.killed_at = time.time()
             return
-
-
-def _comm(pid: int) -> str:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as fh:
-        return fh.read().strip()
-    return ""
 
 
 def _tracking_host() -> str:

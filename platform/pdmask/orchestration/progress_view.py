@@ -12,6 +12,7 @@ line per kind that did not fit.
 from __future__ import annotations
 
 import heapq
+import re
 import time
 from dataclasses import dataclass, field
 from statistics import mean
@@ -22,19 +23,7 @@ from rich.text import Text
 from pdmask.console import table
 
 HEADLINE_LABEL = "avg@16"  # the headline metric's column (its name: the backend's eval_metrics)
-
-
-def headline_label(metrics: list[str]) -> str:
-    """``avg@N`` when every headline metric is a ``.../mean_at_N`` of one N (verl's names; the
-    tiny CPU profile samples 2), else ``HEADLINE_LABEL``."""
-    samples = {m.rpartition("mean_at_")[2] for m in metrics}
-    if len(samples) == 1 and all("mean_at_" in m for m in metrics):
-        (n,) = samples
-        if n.isdigit():
-            return f"avg@{n}"
-    return HEADLINE_LABEL
-
-
+SAMPLES = re.compile(r"mean_at_(\d+)$")  # verl's mean@N, as MLflow names it
 RUNNING = ("running", "waiting", "retrying")
 FAILED = ("failed", "config error", "recipe error")
 DONE = ("done", "skipped", "elsewhere")
@@ -42,6 +31,15 @@ DONE = ("done", "skipped", "elsewhere")
 # its column names and rule, its closing blank line; and one left free, so that the terminal
 # does not scroll the live display's first line away.
 FIXED_LINES = 7
+
+
+def headline_label(metrics: list[str]) -> str:
+    """``avg@N`` when every headline metric is a ``.../mean_at_N`` of one N (verl's names; the
+    tiny CPU profile samples 2), else ``HEADLINE_LABEL``."""
+    samples = {m.group(1) if (m := SAMPLES.search(name)) else None for name in metrics}
+    if len(samples) == 1 and None not in samples:
+        return f"avg@{samples.pop()}"
+    return HEADLINE_LABEL
 
 
 @dataclass

@@ -38,8 +38,8 @@ REWARD_MODULE = "pkg://pdmask.backends.verl.rewards"
 REWARD_FUNCTION = "compute_score"
 
 _A = "actor_rollout_ref.actor"
-TQ_NODE_RESOURCE = "transfer_queue.backend.SimpleStorage.required_node_resource"
 _R = "actor_rollout_ref.rollout"
+TQ_NODE_RESOURCE = "transfer_queue.backend.SimpleStorage.required_node_resource"
 
 
 def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
