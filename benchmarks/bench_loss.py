@@ -1,6 +1,6 @@
 """Loss-path benchmark: the full pdm-agg path against a verl-style baseline on the same logits.
 
-    python benchmarks/bench_loss.py [--tokens 4096] [--vocab 151936] [--repeats 3]
+    python benchmarks/bench_loss.py [--tokens 4096] [--vocab 151936] [--repeats 3] [--inputs peaked]
 
 Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the logits):
   a) verl baseline: verl 0.9.1's own ``logprobs_from_logits`` (on CPU its log-softmax path) and
@@ -8,8 +8,13 @@ Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the log
   b) pdm-agg: ``pdmask.trust_region.policy_loss`` (top-20 stats, mask, loss, diagnostics);
   c) fused log-prob + clip: pdmask's chunked log-prob pass without top-K (what b) costs without the
      trust-region statistics), to separate the statistics' cost from the log-prob kernel's;
-  d) ent-bonus: pdm-agg plus an exact entropy bonus (the recipe needs ``entropy``: the same chunked
-     pass computes H(pi) and its gradient), for the cost of a differentiable entropy;
+  d) ent-bonus: pdm-agg plus an exact entropy bonus on the tokens it masks (the recipe needs
+     ``entropy``: the same chunked pass computes H(pi) and its gradient), for the cost of a
+     differentiable entropy; the share of masked tokens is printed, because only those rows pay
+     the entropy's backward (these random logits put every token out of region and mask about
+     half, far more than training does);
+  d') ent-every-token: the same bonus on every token (verl's ``entropy_coeff`` form), the cost's
+     upper bound;
   e) support-kl: pdm-agg's mask with an exact top-K KL built from the differentiable support
      log-probs and tail mass (``needs: support_log_probs``), for the cost of that input.
 
@@ -73,14 +78,27 @@ def make_path(path: str):
 
     def policy_loss_path(chosen):
         def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
-            return policy_loss(
+            out = policy_loss(
                 chosen, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
-            ).loss
+            )
+            run.masked_frac = out.metrics.get("masked_frac")
+            return out.loss
 
         return run
 
     if path in ("pdm-agg", "ent-bonus"):
         return policy_loss_path(method(path, delta=0.15))
+    if path == "ent-every-token":
+        from dataclasses import replace
+
+        from pdmask.trust_region import ratio_loss
+
+        def every_token(batch):  # the mask zeroes the ratio term; the bonus acts everywhere
+            return ratio_loss(batch, None).where(~batch.mask, 0.0) - 0.01 * batch.entropy
+
+        agg = method("pdm-agg", delta=0.15)
+        needs = agg.needs | frozenset({"entropy"})
+        return policy_loss_path(replace(agg, loss=every_token, loss_sees_mask=True, needs=needs))
     if path == "support-kl":
         from dataclasses import replace
 
@@ -104,7 +122,12 @@ def make_path(path: str):
     raise ValueError(path)
 
 
-def make_inputs(tokens: int, vocab: int, k: int, seed: int):
+def make_inputs(tokens: int, vocab: int, k: int, seed: int, inputs: str = "random"):
+    """bf16 logits and a behaviour top-K view. ``random``: logits N(0, 4) and an unrelated random
+    mu (every token far out of region, the masks act on about half). ``peaked``: model-like; each
+    row puts most of pi's mass on K head ids, mu is pi's head log-probs with a per-row drift
+    (lognormal scale, median 0.1 nats), the sampled token is drawn from mu: most tokens stay in
+    region, as in training."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -112,30 +135,51 @@ def make_inputs(tokens: int, vocab: int, k: int, seed: int):
     logits = torch.empty(tokens, vocab, dtype=torch.bfloat16)
     for start in range(0, tokens, 64):
         logits[start : start + 64] = torch.randn(min(64, tokens - start), vocab, generator=g) * 2
-    topk_logp = torch.log_softmax(torch.randn(tokens, 64, generator=g), -1)[:, :k]
-    topk_ids = torch.randint(0, vocab, (tokens, k), generator=g)
-    sampled = torch.randint(0, vocab, (tokens,), generator=g)
-    mu_logp = torch.log_softmax(torch.randn(tokens, 64, generator=g), -1)[:, 0]
     adv = torch.randn(tokens, generator=g)
     mask = torch.ones(tokens, dtype=torch.bool)
+    if inputs == "random":
+        topk_logp = torch.log_softmax(torch.randn(tokens, 64, generator=g), -1)[:, :k]
+        topk_ids = torch.randint(0, vocab, (tokens, k), generator=g)
+        sampled = torch.randint(0, vocab, (tokens,), generator=g)
+        mu_logp = torch.log_softmax(torch.randn(tokens, 64, generator=g), -1)[:, 0]
+        return logits.requires_grad_(True), sampled, topk_ids, topk_logp, mu_logp, adv, mask
+    head = torch.stack([torch.randperm(vocab, generator=g)[:k] for _ in range(tokens)])
+    boost = 14 + 2 * torch.randn(tokens, k, generator=g)
+    logits.scatter_(1, head, (logits.gather(1, head).float() + boost).to(logits.dtype))
+    lse = torch.cat([torch.logsumexp(logits[s : s + 64].float(), -1) for s in range(0, tokens, 64)])
+    pi_head = logits.gather(1, head).float() - lse[:, None]
+    drift = 0.1 * torch.exp(torch.randn(tokens, 1, generator=g))
+    mu_head = pi_head + drift * torch.randn(tokens, k, generator=g)
+    mu_head -= torch.logsumexp(mu_head, -1, keepdim=True).clamp(min=-1e-3) + 1e-3  # mass < 1
+    topk_logp, order = mu_head.sort(-1, descending=True)
+    topk_ids = head.gather(1, order)
+    pick = torch.multinomial(topk_logp.exp(), 1, generator=g)
+    sampled = topk_ids.gather(1, pick).squeeze(1)
+    mu_logp = topk_logp.gather(1, pick).squeeze(1)
     return logits.requires_grad_(True), sampled, topk_ids, topk_logp, mu_logp, adv, mask
 
 
-def run_one(path: str, tokens: int, vocab: int, k: int, seed: int) -> dict:
+def run_one(path: str, tokens: int, vocab: int, k: int, seed: int, inputs: str) -> dict:
     run = make_path(path)
-    warm = make_inputs(8, vocab, k, seed)
+    warm = make_inputs(8, vocab, k, seed, inputs)
     run(*warm).backward()  # load kernels, thread pools and lazy imports outside the measurement
     del warm
-    inputs = make_inputs(tokens, vocab, k, seed)
-    logits = inputs[0]
+    tensors = make_inputs(tokens, vocab, k, seed, inputs)
+    logits = tensors[0]
     setup_rss = _rss_bytes()
     start = time.perf_counter()
-    run(*inputs).backward()
+    run(*tensors).backward()
     elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     logits_bytes = logits.numel() * logits.element_size()
     extra = max(0, peak - setup_rss - logits_bytes)  # minus the gradient, same size as the logits
-    return {"path": path, "seconds": elapsed, "extra_bytes": extra, "logits_bytes": logits_bytes}
+    return {
+        "path": path,
+        "seconds": elapsed,
+        "extra_bytes": extra,
+        "logits_bytes": logits_bytes,
+        "masked_frac": getattr(run, "masked_frac", None),
+    }
 
 
 def main() -> None:
@@ -144,7 +188,15 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=151_936, help="logits width (Qwen3: 151,936)")
     parser.add_argument("--topk", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--paths", default="verl,pdm-agg,fused-logprob,ent-bonus,support-kl")
+    parser.add_argument(
+        "--inputs",
+        choices=("random", "peaked"),
+        default="random",
+        help="random logits and mu (every token out of region) or model-like ones (make_inputs)",
+    )
+    parser.add_argument(
+        "--paths", default="verl,pdm-agg,fused-logprob,ent-bonus,ent-every-token,support-kl"
+    )
     parser.add_argument(
         "--threads",
         type=int,
@@ -157,7 +209,8 @@ def main() -> None:
         import torch
 
         torch.set_num_threads(args.threads)
-        print(json.dumps(run_one(args._child, args.tokens, args.vocab, args.topk, seed=0)))
+        result = run_one(args._child, args.tokens, args.vocab, args.topk, 0, args.inputs)
+        print(json.dumps(result))
         return
 
     paths = args.paths.split(",")
@@ -177,6 +230,8 @@ def main() -> None:
                     str(args.topk),
                     "--threads",
                     str(args.threads),
+                    "--inputs",
+                    args.inputs,
                     "--_child",
                     path,
                 ],
@@ -193,7 +248,7 @@ def main() -> None:
     logits_gb = args.tokens * args.vocab * 2 / 1e9
     print(
         f"\nloss path, forward+backward, N={args.tokens} tokens x V={args.vocab} bf16 logits "
-        f"({logits_gb:.2f} GB), K={args.topk}, median of {args.repeats}"
+        f"({logits_gb:.2f} GB), K={args.topk}, {args.inputs} inputs, median of {args.repeats}"
     )
     print(f"{'path':>14} | {'time (s)':>8} | {'extra mem (MB)':>14} | {'extra / logits':>14}")
     med = {}
@@ -209,11 +264,13 @@ def main() -> None:
         )
     if "fused-logprob" in med and "pdm-agg" in med:
         print(f"ratio pdm-agg / fused log-prob+clip : {med['pdm-agg'] / med['fused-logprob']:.3f}")
-    for extra_path in ("ent-bonus", "support-kl"):
+    for extra_path in ("ent-bonus", "ent-every-token", "support-kl"):
         if extra_path in med and "pdm-agg" in med:
+            masked = results[extra_path][0]["masked_frac"]
+            share = "" if masked is None else f", {masked:.1%} of tokens masked"
             print(
                 f"ratio {extra_path} / pdm-agg{' ' * (17 - len(extra_path))}: "
-                f"{med[extra_path] / med['pdm-agg']:.3f}  (target <= 1.10)"
+                f"{med[extra_path] / med['pdm-agg']:.3f}  (target <= 1.10{share})"
             )
 
 

@@ -93,6 +93,21 @@ def test_values_and_gradients_equal_full_softmax_autograd(
     assert out.logp_support.requires_grad == support_on == out.tail_mass.requires_grad
 
 
+@pytest.mark.parametrize("chunk_size", [1, 4, None])
+def test_entropy_gradient_on_some_rows_only(chunk_size):
+    """ent-bonus's case: the entropy carries a gradient on the masked rows only. Chunks without
+    one take the plain backward; every row's gradient must still equal the full reference."""
+    logits, sampled, support, weights = _inputs(torch.float64)
+    weights[3][::2] = 0.0  # the entropy's upstream gradient: zero on even rows
+    weights[3][0:4] = 0.0  # and a whole 4-row chunk without one
+    weights[0][1::2] = 0.0  # where the entropy acts, log pi(y) does not (the recipe's where())
+    z = logits.clone().requires_grad_(True)
+    out = chunked_logits_pass(z, sampled, support, chunk_size=chunk_size, entropy=True)
+    _objective(out.logp_sampled, None, None, out.entropy, weights, True, False).backward()
+    grad = _reference(logits, sampled, support, weights, True, False)[3]
+    torch.testing.assert_close(z.grad, grad, rtol=1e-12, atol=1e-14)
+
+
 def _stats_case(inputs):
     logits, sampled, _, _ = _inputs(torch.float64, seed=1)
     g = torch.Generator().manual_seed(2)

@@ -116,17 +116,18 @@ class _ChunkedLogitsPass(torch.autograd.Function):
             logp = torch.log_softmax(z, dim=-1, out=logp_buffer[: stop - start])
             logp_support[start:stop] = logp.gather(1, ids)
             logp_sampled[start:stop] = logp.gather(1, sampled[start:stop, None]).squeeze(1)
-            if entropy:  # log pi is still needed: exponentiate into the buffer (z is done)
-                probs = torch.exp(logp, out=buffer[: stop - start])
-                _row_dots(probs, logp, out=ent[start:stop]).neg_()
-            else:
-                probs = logp.exp_()
+            # log pi is still needed with the entropy: exponentiate into the buffer (z is done).
+            probs = torch.exp(logp, out=buffer[: stop - start]) if entropy else logp.exp_()
             # Zero the support in place: what is left is exactly the tail (no 1 - sum cancellation).
             probs.scatter_(1, ids, 0.0)
             tail_mass[start:stop] = probs.sum(dim=-1)
-            tail_sq[start:stop] = torch.linalg.vector_norm(probs, 2, dim=-1).square()
+            _row_dots(probs, probs, out=tail_sq[start:stop])
+            if entropy:  # the tail's part of sum pi log pi; the support's is added below
+                _row_dots(probs, logp, out=ent[start:stop])
             if second_order:
                 tail_cube[start:stop] = torch.linalg.vector_norm(probs, 3, dim=-1).pow(3)
+        if entropy:
+            ent.add_(_support_p_log_p(logp_support, support_ids)).neg_()
         # log pi_j = z_j - lse: every backward rebuilds pi_j = exp(z_j - lse) from it (from z_y,
         # exact), which is cheaper than a softmax's two reductions.
         lse = logits.gather(1, sampled[:, None]).squeeze(1).to(cdt) - logp_sampled
@@ -166,14 +167,15 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         shape = (min(ctx.rows, n), logits.shape[1])
         buffer = logits.new_empty(shape, dtype=cdt)
         z_buffer = logits.new_empty(shape, dtype=cdt) if g_h is not None else None
-        for start in range(0, n, ctx.rows):
+        entropic = _chunks_with_entropy_gradient(g_h, n, ctx.rows)
+        for chunk, start in enumerate(range(0, n, ctx.rows)):
             stop = min(start + ctx.rows, n)
             ids = support_ids[start:stop]
-            if g_h is not None:
+            if entropic[chunk]:
                 # pi_j (c - g_H z_j): z in the compute dtype, pi = exp(z - lse) beside it.
-                # (Fused mixed-dtype alternatives, an addcmul reading the bf16 logits or a multiply
-                # writing the bf16 gradient, measured slower on CPU: they leave torch's
-                # vectorised loops.)
+                # (Fused alternatives, an addcmul (broadcast or reading the bf16 logits) or a
+                # multiply writing the bf16 gradient, measured slower on CPU: they leave torch's
+                # vectorised loops; a broadcast addcmul took 3x a multiply and an add.)
                 grad = z_buffer[: stop - start].copy_(logits[start:stop])
                 probs = _probs(grad, lse[start:stop], buffer)
                 pi_s = probs.gather(1, ids)
@@ -192,6 +194,19 @@ class _ChunkedLogitsPass(torch.autograd.Function):
                 grad.scatter_add_(1, ids, g_s[start:stop])
             grad_logits[start:stop] = grad
         return (grad_logits, *nothing)
+
+
+def _chunks_with_entropy_gradient(g_h: torch.Tensor | None, n: int, rows: int) -> list[bool]:
+    """Per chunk of ``rows`` rows (of ``n``): whether any row has a nonzero entropy gradient. Only
+    those chunks pay the entropy's dense term (the logits in the compute dtype beside pi, two more
+    sweeps); the others take the plain ``pi_j c`` sweep, exact for them. A recipe whose entropy
+    term acts on some tokens only (``ent-bonus``: the masked ones) pays on those only."""
+    n_chunks = -(-n // rows)
+    if g_h is None:
+        return [False] * n_chunks
+    live = torch.zeros(n_chunks * rows, dtype=torch.bool, device=g_h.device)
+    live[:n] = g_h != 0
+    return live.view(n_chunks, rows).any(-1).tolist()
 
 
 def upstream(grad_logp, grad_support, grad_tail, grad_entropy, tail_mass, ent, lse, like):
@@ -257,14 +272,25 @@ def fused_kernels_serve(logits: torch.Tensor, chunk_size: int | None) -> bool:
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """``out[i] = <a[i], b[i]>`` for a chunk's rows. On CPU a BLAS dot per row (a chunk holds a
-    few rows): ``vecdot`` multiplies into a ``[rows, V]`` temporary first (measured at 3 rows of
-    151,936: 350 us against 207). Elsewhere ``vecdot`` (a GPU chunk has hundreds of rows)."""
+    """``out[i] = <a[i], b[i]>`` for a chunk's rows. On CPU a BLAS dot per row (a chunk holds one
+    row): ``vecdot`` multiplies into a ``[rows, V]`` temporary first (measured at 3 rows of
+    151,936: 350 us against 207), a squared ``vector_norm`` takes twice a dot's time and a 2-row
+    ``mv`` (pi^2 and pi log pi at once) more than two dots. Elsewhere ``vecdot`` (a GPU chunk has
+    hundreds of rows)."""
     if a.device.type != "cpu":
         return torch.linalg.vecdot(a, b, out=out)
     for row in range(a.shape[0]):
         torch.dot(a[row], b[row], out=out[row])
     return out
+
+
+def _support_p_log_p(logp_support: torch.Tensor, support_ids: torch.Tensor) -> torch.Tensor:
+    """``sum pi_s log pi_s`` over each row's distinct support ids (a duplicate slot counts once)."""
+    m = support_ids.shape[1]
+    earlier = torch.ones(m, m, dtype=torch.bool, device=support_ids.device).tril(-1)
+    repeated = ((support_ids[:, :, None] == support_ids[:, None, :]) & earlier).any(-1)
+    terms = torch.special.xlogy(logp_support.exp(), logp_support.exp())
+    return terms.where(~repeated, 0.0).sum(-1)
 
 
 def _probs(z: torch.Tensor, lse: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:
