@@ -18,7 +18,7 @@ from pdmask.analysis.outcomes import (
     sign_test_p,
     sign_test_power,
 )
-from pdmask.analysis.quantities import TokenQuantities
+from pdmask.analysis.quantities import PREDICTIVE, TESTS, TokenQuantities
 from pdmask.analysis.summary import summarize
 
 
@@ -98,7 +98,7 @@ def test_paired_comparison_leaves_out_empty_seeds_and_counts_ties():
 def _record(seed, ratio, agg, out_of_region=10):
     """A seed record whose adamw step counts are given as (kept, grew, shrank) per test."""
     outcomes = {}
-    for test in ("none", "ratio", "agg", "uni", "bucket", "exact"):
+    for test in ("none", *TESTS):
         kept, grew, shrank = {"ratio": ratio, "agg": agg}.get(test, agg)
         outcomes[test] = {
             "kept": kept, "grew": grew, "shrank": shrank, "masked": out_of_region - kept,
@@ -111,15 +111,11 @@ def _record(seed, ratio, agg, out_of_region=10):
         "tokens": 100,
         "updated": 90,
         "out_of_region": out_of_region,
-        "disagree": {"agg": 2, "uni": 2, "bucket": 2, "exact": 2},
+        "disagree": dict.fromkeys(PREDICTIVE, 2),
+        "kernel_scale": 0.5,
         "lr": {"adamw": 3e-4},
         "outcomes": {"adamw": outcomes},
-        "sign_accuracy": {
-            "adamw": {
-                t: {"all": accuracy, "disagree": accuracy}
-                for t in ("ratio", "agg", "uni", "bucket", "exact")
-            }
-        },
+        "sign_accuracy": {"adamw": {t: {"all": accuracy, "disagree": accuracy} for t in TESTS}},
         "isolated": {
             layers: {"tokens": [0], "d_kl": [0.1], "correct": {"ratio": 1}, "disagree": {}}
             for layers in ("all", "output")

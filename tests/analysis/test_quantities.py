@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
-from pdmask.analysis.quantities import KEEP_ALL, PREDICTIVE, TESTS, measure_tokens
+from pdmask.analysis.quantities import (
+    FREE_LOGIT_TESTS,
+    KEEP_ALL,
+    PREDICTIVE,
+    TESTS,
+    fit_kernel_scale,
+    measure_tokens,
+)
 from tests.analysis.bruteforce import reference_table
 
 
@@ -52,7 +60,7 @@ def test_out_of_region_and_decisions_follow_their_definitions(measured):
         outside = ref["kl_topk"] > delta and adv != 0
         assert bool(q.out_of_region[row, pos]) == outside
         expected = {"ratio": adv * (ref["ratio"] - 1)}
-        expected.update({name: adv * ref[name] for name in PREDICTIVE})
+        expected.update({name: adv * ref[name] for name in FREE_LOGIT_TESTS[1:]})
         for test, value in expected.items():
             if abs(value) < 1e-6:
                 continue
@@ -74,3 +82,52 @@ def test_disagreement_is_where_the_two_tests_decide_differently(measured):
     assert set(q.grows) == set(TESTS)
     assert any(int(q.disagree(t).sum()) > 0 for t in PREDICTIVE)
     assert not math.isnan(float(q.kl_topk[q.valid].sum()))
+
+
+def test_own_prediction_is_the_directional_derivative_along_the_tokens_gradient(measured):
+    """``own`` = <grad D_t, grad log pi_k>: in a float64 copy of the network, D_t moved along
+    +-eps grad log pi_k (central difference, error O(eps^2)) gives the same number."""
+    import dataclasses
+
+    from pdmask.analysis.own_gradient import kl_topk_of
+
+    _, state, q, _ = measured
+    setup = state.setup
+    double = dataclasses.replace(setup, trainer=copy.deepcopy(setup.trainer).double())
+    params = list(double.trainer.parameters())
+    positions = q.out_of_region.nonzero()[:4].tolist()
+    assert positions
+    for row, col in positions:
+        sequence = state.index[row : row + 1]
+
+        def divergence_and_logp(sequence=sequence, col=col):
+            stats = double.stats(double.logits(sequence), sequence, ("support_log_probs",))
+            return kl_topk_of(stats.support)[0, col], stats.logp[0, col]
+
+        divergence, logp = divergence_and_logp()
+        assert float(divergence) == pytest.approx(float(q.kl_topk[row, col]), rel=1e-4, abs=1e-6)
+        grad = torch.autograd.grad(logp, params)
+        eps = 1e-5
+        moved = []
+        with torch.no_grad():
+            for sign in (1, -1):
+                for p, g in zip(params, grad, strict=True):
+                    p.add_(sign * eps * g)
+                moved.append(float(divergence_and_logp()[0]))
+                for p, g in zip(params, grad, strict=True):
+                    p.sub_(sign * eps * g)
+        central = (moved[0] - moved[1]) / (2 * eps)
+        # float32 network for q: its rounding (~1e-6 relative) bounds the agreement
+        assert float(q.ddot["own"][row, col]) == pytest.approx(central, rel=1e-3, abs=1e-6)
+
+
+def test_kernel_tests_follow_their_definitions(measured):
+    _, _, q, _ = measured
+    oor = q.out_of_region
+    for name in ("gram", "kernel", "own", "own-adam"):
+        value = q.ddot[name]
+        assert not value[oor].isnan().any(), name
+        assert torch.equal(q.grows[name][oor], (q.advantages * value > 0)[oor]), name
+    assert q.kernel_scale is not None and q.kernel_scale >= 0
+    assert fit_kernel_scale(torch.tensor([2.0, -4.0]), torch.tensor([1.0, -2.0])) == 2.0
+    assert fit_kernel_scale(torch.tensor([-1.0]), torch.tensor([1.0])) == 0.0  # K_h is PSD

@@ -19,7 +19,7 @@ from pdmask.errors import ConfigError, ValidationFailed, validation_problems
 
 # Bump when the protocol or the recorded quantities change: cached seeds of older versions are
 # then ignored instead of being mixed into a new table.
-ANALYSIS_VERSION = 4  # 4: the llm-like regime gained a second form per digit
+ANALYSIS_VERSION = 5  # 5: the kernel-aware direction tests
 
 OptimizerName = Literal["adamw", "sgd"]
 

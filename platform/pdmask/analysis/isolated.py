@@ -48,7 +48,7 @@ def isolated_checks(
         sequence = index[row : row + 1]
         snapshot.restore(setup.trainer, setup.optimizer)
         with torch.no_grad():
-            before = measure_tokens(setup, sequence, delta)
+            before = measure_tokens(setup, sequence, delta, kernel=False)
             log_pi = log_pi_of(setup, sequence)
         only_this = torch.ones_like(before.valid)
         only_this[0, col] = False

@@ -13,7 +13,7 @@ from typing import Any
 
 from pdmask.analysis import paper
 from pdmask.analysis.outcomes import ALPHA, POWER
-from pdmask.analysis.quantities import PREDICTIVE
+from pdmask.analysis.quantities import KERNEL_FIT_TOKENS, PREDICTIVE
 from pdmask.analysis.seed import TOPK_MASS_QUANTILES
 from pdmask.analysis.summary import STEP_TESTS
 
@@ -24,6 +24,10 @@ TEST_LABELS = {
     "uni": "Ddot_uni (uniform tail)",
     "bucket": "Ddot_bucket (bucket estimator)",
     "exact": "exact full-vocabulary Ddot (oracle)",
+    "gram": "gram_agg (output-embedding kernel term)",
+    "kernel": "|h|^2 Ddot_agg + c gram_agg (c fitted)",
+    "own": "exact own-gradient prediction, SGD (oracle)",
+    "own-adam": "exact own-gradient prediction, AdamW (oracle)",
 }
 ISOLATED_LABELS = {"all": "single-token SGD step", "output": "single-token output-layer step"}
 Row = tuple[str, str, str, str, float | None, float | None]
@@ -405,6 +409,12 @@ def markdown_report(summary: dict[str, Any], meta: dict[str, Any]) -> str:
     ]
     for opt in opts:
         lines += [*_per_test(summary, opt), ""]
+    c_mean, c_sd = summary["kernel_scale"]
+    lines += [
+        f"The kernel test's fitted scale c: {c_mean:.3g} ± {c_sd:.3g} over seeds (least squares "
+        f"on {KERNEL_FIT_TOKENS} tokens' exact predictions per minibatch).",
+        "",
+    ]
     iso = summary["isolated"]
     lines += [
         "## Isolated single-token steps (the derivative without cross-token effects)",

@@ -75,6 +75,7 @@ def _analyse_minibatch(cfg, setting, state, isolated_tokens: int, seed: int) -> 
         "updated": int((q.valid & (q.advantages != 0)).sum()),
         "out_of_region": int(oor.sum()),
         "disagree": {t: int(q.disagree(t).sum()) for t in PREDICTIVE},
+        "kernel_scale": q.kernel_scale,  # the kernel test's fitted c
         "lr": rates,
         "outcomes": {},
         "isolated": isolated,

@@ -60,6 +60,7 @@ def summarize(records: list[dict]) -> dict[str, Any]:
         "disagree_total": {t: sum(r["disagree"][t] for r in records) for t in PREDICTIVE},
         "reward_mean": _mean_sd([r["reward_mean"] for r in records])[0],
         "wall_s_per_seed": _mean_sd([r["wall_s"] for r in records])[0],
+        "kernel_scale": _mean_sd([r["kernel_scale"] for r in records]),
         "optimizers": {},
     }
     optimizers = [o for o in ("adamw", "sgd") if records and o in records[0]["outcomes"]]

@@ -58,11 +58,17 @@ Typical use (``method`` from a recipe: ``load_registry().recipes[name].method(pa
 
 With mu known over the whole vocabulary, ``exact_divergence(logits, mu_logprobs, ids)`` gives the
 exact KL and ``Ddot`` that the top-K estimators approximate (diagnostics, analysis).
+
+Beyond ``Ddot`` (``kernel``): a real update moves parameters, not logits. With the lm head's input
+``h`` and weight ``W`` (rows the output embeddings), ``kernel_terms`` gives ``|h|^2`` (the lm head's
+share of the token's own-gradient change of D is ``|h|^2 Ddot``) and the output-embedding kernel
+term ``gram_agg = <W^T u_agg, w_k - W^T pi>`` (the layers below, with ``K_h = c I``);
+``exact_gram`` is its full-vocabulary form.
 """
 
 from pdmask.trust_region.contract import RECIPE_METRIC_PREFIX, RecipeBatch
 from pdmask.trust_region.diagnostics import DISAGREEMENTS, diagnostics
-from pdmask.trust_region.exact import ExactDivergence, exact_divergence
+from pdmask.trust_region.exact import ExactDivergence, exact_divergence, exact_gram
 from pdmask.trust_region.hooks import (
     LossHook,
     MaskHook,
@@ -71,6 +77,7 @@ from pdmask.trust_region.hooks import (
     apply_method,
     hook_output_problem,
 )
+from pdmask.trust_region.kernel import KernelTerms, kernel_terms
 from pdmask.trust_region.loss import AGG_MODES, aggregate_loss, per_token_loss, ratio_loss
 from pdmask.trust_region.methods import (
     DIRECTION_TESTS,
@@ -90,6 +97,7 @@ __all__ = [
     "PROXIMITY_TESTS",
     "SENTINEL_THRESHOLD",
     "ExactDivergence",
+    "KernelTerms",
     "LossHook",
     "MaskHook",
     "Method",
@@ -105,7 +113,9 @@ __all__ = [
     "diagnostics",
     "direction_test",
     "exact_divergence",
+    "exact_gram",
     "hook_output_problem",
+    "kernel_terms",
     "per_token_loss",
     "policy_loss",
     "proximity_test",

@@ -29,7 +29,14 @@ from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
 from pdmask.backends.sim.task import AdditionTask
-from pdmask.trust_region import TokenStats, aggregate_loss, compute_token_stats, per_token_loss
+from pdmask.trust_region import (
+    KernelTerms,
+    TokenStats,
+    aggregate_loss,
+    compute_token_stats,
+    kernel_terms,
+    per_token_loss,
+)
 
 
 @dataclass
@@ -62,6 +69,34 @@ class AnalysisSetup:
         """The trainer's current logits ``[n, R, V]`` (differentiable) on the response positions."""
         index = self.all_sequences if index is None else index
         return trainer_logits(self.trainer, self.batch, index)
+
+    def logits_and_hidden(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits as :meth:`logits` gives them and the lm head's input ``[n, R, d]`` (the
+        hidden states the kernel terms need), from one forward pass."""
+        captured: list[torch.Tensor] = []
+        hook = self.trainer.lm_head.register_forward_hook(
+            lambda _m, args, _o: captured.append(args[0])
+        )
+        try:
+            logits = self.logits(index)
+        finally:
+            hook.remove()
+        return logits, captured[0]
+
+    def kernel(
+        self, logits: torch.Tensor, hidden: torch.Tensor, index: torch.Tensor
+    ) -> KernelTerms:
+        """The output-embedding kernel terms against the behaviour's top-K view."""
+        gen = self.batch.generation
+        return kernel_terms(
+            logits,
+            hidden,
+            self.trainer.lm_head.weight,
+            gen.responses[index],
+            gen.mu_topk_ids[index],
+            gen.mu_topk_logprobs[index],
+            gen.mu_logp[index],
+        )
 
     def stats(
         self, logits: torch.Tensor, index: torch.Tensor | None = None, inputs=()
