@@ -203,3 +203,20 @@ def test_a_recipes_own_scalar_is_logged_each_step(smoke_config, tmp_path):
     for m in reports:
         assert m[key] == pytest.approx(m["actor/pdm/masked_frac"], rel=1e-6)
         assert 0.3 < m[key] < 0.7
+
+
+def test_the_output_layer_control_trains_the_lm_head_alone(learned_base_config, tmp_path):
+    """sim.train_layers = output: the lm head moves, every parameter below it stays bit-equal;
+    the default config's checkpoint identity does not name the knob (older checkpoints resume)."""
+    from pdmask.backends.sim.state import TrialState
+
+    cfg = learned_base_config(train_layers="output")
+    before = TrialState(cfg).trainer.state_dict()
+    before = {k: v.clone() for k, v in before.items()}
+    reports, _ = run(cfg, tmp_path)
+    assert any(m["actor/grad_norm"] > 0 for _, m in reports[1:])
+    after = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["trainer"]
+    moved = {k for k in before if not torch.equal(before[k], after[k])}
+    assert moved == {"lm_head.weight"}
+    assert "train_layers" in TrialState(cfg).identity()
+    assert "train_layers" not in TrialState(learned_base_config()).identity()

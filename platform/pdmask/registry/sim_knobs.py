@@ -2,7 +2,8 @@
 
 A ``sim`` trial is mostly fixed by its model's stand-in, its precision setting and the sweep's
 budget profile. These few knobs are experiment-design choices a sweep varies on the embedded
-backend: a control cell (``sim.lr: 0``) or a task regime (``sim.task: llm-like``). A cell that sets
+backend: a control cell (``sim.lr: 0``, ``sim.train_layers: output``) or a task regime
+(``sim.task: llm-like``). A cell that sets
 one is a cell of the embedded backend: other backends leave it out of their expansion.
 
 The knobs a cell sets enter the trial's identity (``Trial.sim``, canonical values, only the set
@@ -39,6 +40,12 @@ class SimKnobs(BaseModel):
         description="AdamW learning rate of the RL phase; None = the profile's. 0 is the mismatch "
         "control: the policy never changes, so the trainer/behaviour gap it logs is the "
         "precision mismatch alone (no backward pass or optimizer step is taken).",
+    )
+    train_layers: Literal["all", "output"] = Field(
+        "all",
+        description="Parameters the RL phase trains: all, or output (the lm head alone, every "
+        "layer below it frozen). output is the control where Ddot's premise holds: a token's own "
+        "update moves its logits along e_k - pi (times |h|^2), with no network kernel between.",
     )
 
 

@@ -43,9 +43,11 @@ class TrialState:
         )
         self.behaviour = make_behaviour(self.trainer, cfg.precision)
         sync_behaviour(self.trainer, self.behaviour, cfg.precision, cfg.fp8_scaling)
-        self.optimizer = torch.optim.AdamW(
-            self.trainer.parameters(), lr=budget.lr, weight_decay=cfg.weight_decay
-        )
+        if cfg.train_layers == "output":  # the lm-head-only control (SimKnobs.train_layers)
+            for name, param in self.trainer.named_parameters():
+                param.requires_grad_(name.startswith("lm_head."))
+        trainable = [p for p in self.trainer.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=budget.lr, weight_decay=cfg.weight_decay)
         self.step = 0
         self.base_accuracy: float | None = None
         self.last_metrics: dict[str, float] = {}
@@ -64,7 +66,9 @@ class TrialState:
         )
 
     def identity(self) -> dict:
-        return self.cfg.model_dump(exclude={"cache_dir"})
+        # A knob at its default stays out, so checkpoints written before the knob existed resume.
+        defaults = {"train_layers"} if self.cfg.train_layers == "all" else set()
+        return self.cfg.model_dump(exclude={"cache_dir", *defaults})
 
     def models(self) -> dict:
         return {"trainer": self.trainer, "behaviour": self.behaviour, "optimizer": self.optimizer}
