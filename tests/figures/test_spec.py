@@ -18,7 +18,14 @@ def test_paper_figures_read_their_sweeps_at_their_delta():
         "main-figure", 0.15, "delta-ablation", 0.05
     )  # fmt: skip
     for spec in (one, two):
-        assert spec.methods == ["grpo-clip-higher", "dppo-topk-kl", "pdm-agg", "pdm-uni"]
+        # the paper's four, then pdm-gram (beyond the paper, embedded backend only)
+        assert spec.methods == [
+            "grpo-clip-higher",
+            "dppo-topk-kl",
+            "pdm-agg",
+            "pdm-uni",
+            "pdm-gram",
+        ]
         assert [(p.model, p.precision) for p in spec.panels] == [
             ("qwen3-4b-base", "bf16"),
             ("qwen3-8b-base", "bf16"),
@@ -27,7 +34,7 @@ def test_paper_figures_read_their_sweeps_at_their_delta():
         ]
         assert "val-core/*/acc/mean_at_16" in spec.metric.description
         assert spec.paired.baseline == "dppo-topk-kl"
-        assert spec.paired.methods == ["pdm-agg", "pdm-uni"]
+        assert spec.paired.methods == ["pdm-agg", "pdm-uni", "pdm-gram"]
         assert {m.name for m in spec.diagnostics.metrics} >= {
             "actor/pdm/masked_frac", "actor/pdm/kl_topk_mean", "actor/pdm/disagree_agg"
         }  # fmt: skip

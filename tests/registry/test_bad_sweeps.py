@@ -93,6 +93,20 @@ BAD = {
         f"{HEAD}backend: sim\ngrid: {{method: [pdm-agg], {CELL}, mu_source: [recompute]}}\n",
         [(4, "grid.mu_source.0", "cannot supply")],
     ),
+    "kernel-recipe-on-verl": (  # verl cannot hand a recipe the lm head's input: refused, why said
+        f"{HEAD}backend: verl\ngrid: {{method: [pdm-gram], {CELL}}}\n",
+        [
+            (
+                4,
+                "grid.method.0",
+                "cannot supply ['output_kernel'] needed by 'pdm-gram' (output_kernel: ",
+            )
+        ],
+    ),
+    "unknown-cell-backend": (
+        f"{HEAD}grid: {{method: [pdm-agg], {CELL}, backend: [tpu]}}\n",
+        [(3, "grid.backend.0", "unknown backend 'tpu'")],
+    ),
     "unknown-backend": (
         f"{HEAD}backend: tpu\ngrid: {{method: [pdm-agg], {CELL}}}\n",
         [(3, "backend", "unknown backend 'tpu'")],

@@ -23,7 +23,7 @@ def test_listing_recipes_and_expanding_a_sweep_never_import_torch():
         "from pdmask.cli import main\n"
         "from pdmask.registry import load_registry\n"
         f"reg = load_registry({str(ROOT)!r})\n"
-        "assert len(reg.expand('main-figure')) == 60\n"
+        "assert len(reg.expand('main-figure')) == 72\n"
         "assert not reg.problems, reg.problems\n"
         "try:\n"
         "    main(['recipes', 'list'])\n"

@@ -79,7 +79,7 @@ def test_identity_embeddings_give_the_bucket_and_exact_derivatives(seed):
     )
 
 
-def test_chunks_and_batch_shape_do_not_change_the_terms():
+def test_chunks_blocks_and_batch_shape_do_not_change_the_terms():
     case = make_case(3, n=8, vocab=40, k=5)
     g = torch.Generator().manual_seed(7)
     weight = torch.randn(40, 5, generator=g, dtype=torch.float64)
@@ -94,6 +94,7 @@ def test_chunks_and_batch_shape_do_not_change_the_terms():
         case.topk_logp.reshape(2, 4, -1),
         case.mu_logp.reshape(2, 4),
         chunk_size=3,
+        vocab_block=7,  # blocks of the weight that split the support, the last one short
     )
     torch.testing.assert_close(chunked.gram.reshape(-1), whole.gram, **TOL)
     with pytest.raises(ValueError, match="hidden"):
@@ -121,3 +122,18 @@ def test_own_gradient_change_is_head_times_ddot_plus_the_gram_term(seed):
     head = (hidden.detach() ** 2).sum(-1)
     expected = head * ddot + exact_gram(logits, log_mu, case.sampled, weight)
     torch.testing.assert_close(torch.tensor(predicted, dtype=torch.float64), expected, **TOL)
+
+
+def test_a_bf16_weight_is_read_as_it_is_in_float32():
+    """The weight is converted block by block (never copied whole): the terms equal those of the
+    same (bf16-representable) weight handed over in float32."""
+    case = make_case(4, n=6, vocab=30, k=4)
+    g = torch.Generator().manual_seed(3)
+    weight = torch.randn(30, 4, generator=g).to(torch.bfloat16)
+    hidden = torch.randn(6, 4, generator=g)
+    args = (case.sampled, case.topk_ids, case.topk_logp.float(), case.mu_logp.float())
+    logits = case.logits.float()
+    from_bf16 = kernel_terms(logits, hidden, weight, *args, vocab_block=8)
+    from_f32 = kernel_terms(logits, hidden, weight.float(), *args)
+    # float32 throughout; only the summation order differs
+    torch.testing.assert_close(from_bf16.gram, from_f32.gram, rtol=1e-5, atol=1e-6)

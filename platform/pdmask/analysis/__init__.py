@@ -7,8 +7,11 @@ Per seed (one training run of the ``token-analysis`` sweep's setting, trained in
    (``state.py``): ``pi`` now lags ``mu`` as for a late minibatch of a training step;
 2. on the last minibatch, per response token: ``D_t`` (top-K KL), ``r_t``, ``Ddot`` by the agg, uni
    and bucket estimators and exactly over the full vocabulary (``quantities.py``); out of region =
-   ``D_t > delta`` and ``A_t != 0``;
-3. one real optimizer step per direction test (ratio, agg, uni, bucket, exact, and keep-all), each
+   ``D_t > delta`` and ``A_t != 0``; on the out-of-region tokens also the kernel-aware tests: the
+   output-embedding Gram term, ``|h|^2 Ddot_agg + c gram`` and the exact own-gradient prediction
+   through the whole network (``own_gradient.py``);
+3. one real optimizer step per direction test (ratio, agg, uni, bucket, exact, the kernel-aware
+   ones, and keep-all), each
    from the identical saved parameters and optimizer state, with AdamW as training left it and/or
    a plain SGD step (``steps.py``); re-measure every token's ``D_t``;
 4. count unsafe keeps (kept out-of-region tokens whose ``D_t`` grew) and shrinking updates

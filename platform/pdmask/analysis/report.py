@@ -25,7 +25,7 @@ TEST_LABELS = {
     "bucket": "Ddot_bucket (bucket estimator)",
     "exact": "exact full-vocabulary Ddot (oracle)",
     "gram": "gram_agg (output-embedding kernel term)",
-    "kernel": "|h|^2 Ddot_agg + c gram_agg (c fitted)",
+    "kernel": "‖h‖² Ddot_agg + c gram_agg (c fitted)",  # no pipes: a table cell
     "own": "exact own-gradient prediction, SGD (oracle)",
     "own-adam": "exact own-gradient prediction, AdamW (oracle)",
 }

@@ -107,7 +107,8 @@ def analysed_minibatches(
         if position == count - 1:
             break  # nothing trains after the last minibatch
         with torch.no_grad():
-            stats = setup.stats(setup.logits(index), index, mask_fn.needs)
+            logits, hidden = setup.logits_and_hidden(index)
+            stats = setup.stats(logits, index, mask_fn.needs, hidden)
         out = apply_method(
             mask_fn, stats, setup.advantages[index], setup.valid[index], backend=SIM.name
         )

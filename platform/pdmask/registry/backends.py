@@ -12,7 +12,7 @@ import time, for a backend that lives outside pdmask).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -48,13 +48,17 @@ class BackendSpec:
     """Whether ``sim.<knob>`` axes apply; cells that set one are left out for other backends."""
     trains_stand_ins: bool = False
     """Whether it trains small stand-ins of the models trials name (figure panels say so)."""
+    withholds: dict[str, str] = field(default_factory=dict, hash=False)
+    """Why it cannot supply an input it lacks (the plan's refusal of a recipe says it)."""
 
 
 SIM = BackendSpec(
     name="sim",
     summary="the embedded CPU trainer: real GRPO on a small transformer, any machine",
     runtime="pdmask.backends.sim.backend:BACKEND",
-    supplies=frozenset({"behaviour_topk", "behaviour_full", "entropy", "support_log_probs"}),
+    supplies=frozenset(
+        {"behaviour_topk", "behaviour_full", "entropy", "support_log_probs", "output_kernel"}
+    ),
     # Its behaviour copy is the rollout engine itself: there is no separate old-policy forward.
     mu_sources=("rollout",),
     launch=Launch.TUNE,
@@ -70,6 +74,11 @@ VERL = BackendSpec(
     mu_sources=("rollout", "recompute"),
     launch=Launch.RAY_JOBS,
     occupies=Occupies.CLUSTER_GPUS,
+    withholds={
+        "behaviour_full": "vLLM returns the behaviour's top-K log-probs, not its distribution",
+        "output_kernel": "verl's engine hands the policy-loss hook logits, not the lm head's "
+        "input and weight",
+    },
 )
 
 BACKENDS: dict[str, BackendSpec] = {spec.name: spec for spec in (SIM, VERL)}

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from pdmask.errors import Problem, RecipeError
@@ -59,8 +59,10 @@ def synthetic_batch(
     a fresh one per check, so that a recipe that writes into its inputs harms no other check."""
     import torch
 
-    from pdmask.trust_region import compute_token_stats
+    from pdmask.trust_region import compute_token_stats, kernel_terms
+    from pdmask.trust_region.stats import OUTPUT_KERNEL
 
+    inputs = tuple(inputs)
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(seed)
     b, t = len(_LENGTHS), max(_LENGTHS)
@@ -73,8 +75,13 @@ def synthetic_batch(
     advantages = torch.where(valid, torch.tensor(_ADVANTAGES, dtype=dtype)[:, None], 0.0)
     leaf = logits.clone().requires_grad_(True)
     stats = compute_token_stats(
-        leaf, sampled, top_ids, top_lp.to(dtype), mu_k.to(dtype), inputs=tuple(inputs)
+        leaf, sampled, top_ids, top_lp.to(dtype), mu_k.to(dtype), inputs=inputs
     )
+    if OUTPUT_KERNEL in inputs:  # the embedded backend's lm-head input and weight
+        hidden = torch.randn(b, t, 8, generator=gen, dtype=torch.float64).to(dtype)
+        weight = torch.randn(_VOCAB, 8, generator=gen, dtype=torch.float64).to(dtype)
+        kernel = kernel_terms(logits, hidden, weight, sampled, top_ids, top_lp, mu_k)
+        stats = replace(stats, kernel=kernel)
     if layout == "sim":
         return _Synthetic(stats, advantages, valid, None, None, leaf)
     # verl: every statistic zero on padding (no_padding_2_padding), log-probs its own leaf.

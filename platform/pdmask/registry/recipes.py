@@ -43,10 +43,12 @@ if TYPE_CHECKING:  # the math API (and torch) load only when a method runs
 # What a backend may have to supply for a recipe to train (see ``Recipe.needs``).
 KNOWN_INPUTS = {
     "behaviour_topk": "the behaviour policy's top-K ids and log-probs per response token",
-    "behaviour_full": "the behaviour policy's full distribution (only the embedded backend has it)",
+    "behaviour_full": "the behaviour policy's full distribution",
     "entropy": "per-token entropy H(pi_t), differentiable (`batch.entropy`)",
     "support_log_probs": "log pi over S = TopK(mu) + {y} and the tail's mass, differentiable "
     "(`batch.support`)",
+    "output_kernel": "|h|^2 and the output-embedding kernel term gram_agg per token "
+    "(`batch.stats.kernel`, from the lm head's input and weight)",
 }
 
 ParamRole = Literal["delta", "topk", "ratio_cap", "clip_low", "clip_high"]

@@ -219,6 +219,17 @@ class Registry:
                     f"{list(backend.mu_sources)})",
                 )
             )
+        only_on = cell.get("backend")
+        if only_on is not None and only_on[0] not in BACKENDS:
+            problems.append(
+                src.problem(
+                    only_on[1],
+                    f"unknown backend {only_on[0]!r}; {known_names(only_on[0], BACKENDS)}",
+                )
+            )
+            return None
+        if only_on is not None and only_on[0] != backend.name:
+            return None  # a cell for another backend: this one leaves it out
         sim_axes = {
             k.removeprefix(SIM_AXIS_PREFIX): (v, p)
             for k, (v, p) in cell.items()
@@ -254,13 +265,18 @@ class Registry:
         for key, err in errors:
             path = cell.get(f"params.{key}", cell.get(key, (None, ("grid",))))[1]
             problems.append(src.problem(path, f"recipe {method!r}: params.{key}: {err}"))
-        missing = set(recipe.needs) - backend.supplies
+        missing = sorted(set(recipe.needs) - backend.supplies)
         if missing:
+            reasons = "; ".join(
+                f"{name}: {backend.withholds[name]}"
+                for name in missing
+                if name in backend.withholds
+            )
             problems.append(
                 src.problem(
                     cell["method"][1],
-                    f"backend {backend.name!r} cannot supply {sorted(missing)} needed by "
-                    f"{method!r}",
+                    f"backend {backend.name!r} cannot supply {missing} needed by {method!r}"
+                    + (f" ({reasons})" if reasons else ""),
                 )
             )
         if len(problems) > before or model is None or precision is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import typing
 from typing import Any
 
+from pdmask.registry.backends import BACKENDS
 from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
 from pdmask.registry.registry import Registry
 from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
@@ -40,6 +41,7 @@ def project_names(registry: Registry) -> dict[str, list[str]]:
         "model": sorted(MODELS),
         "precision": sorted(PRECISIONS),
         "mu_source": list(typing.get_args(Trial.model_fields["mu_source"].annotation)),
+        "backend": sorted(BACKENDS),
         "param": sorted({p for recipe in registry.recipes.values() for p in recipe.params}),
         "sweep": sorted({*registry.sweeps, *registry.broken_sweeps}),
         "dashboard": sorted(registry.dashboards),
@@ -66,6 +68,9 @@ def axis_values(names: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
             "description": "Trust-region size: sets the parameter of the `delta` role.",
         },
         "mu_source": enum(names["mu_source"], "Where the behaviour policy's top-K comes from."),
+        "backend": enum(
+            names["backend"], "The one backend this cell runs on (left out under any other)."
+        ),
         **{
             f"params.{p}": {**SCALAR, "description": f"Recipe parameter `{p}`."}
             for p in names["param"]

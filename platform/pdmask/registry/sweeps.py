@@ -8,8 +8,9 @@ A sweep file (YAML) declares its axes as a grid. A grid node is one of:
 - ``{union: [node, ...]}``: the cells of every node, one after the other.
 
 Axes: ``method``, ``model``, ``precision``, ``delta``, ``mu_source``, ``params.<name>`` (a
-recipe parameter) and ``sim.<knob>`` (an embedded-backend knob, ``registry/sim_knobs.py``; such
-cells run on the embedded backend only). ``seeds`` is an axis too (a list, or a count n for seeds
+recipe parameter), ``sim.<knob>`` (an embedded-backend knob, ``registry/sim_knobs.py``; such
+cells run on the embedded backend only) and ``backend`` (the one backend a cell runs on: under
+any other the cell is left out, e.g. a method only the embedded backend can supply inputs for). ``seeds`` is an axis too (a list, or a count n for seeds
 0..n-1), crossed with the grid. ``overrides`` change cells that match a ``where`` clause. A sweep may instead declare a
 ``search`` (Optuna through Ray Tune): a space and a budget, optimising a named metric.
 """
@@ -38,7 +39,7 @@ from pdmask.registry.backends import BACKENDS, DEFAULT_BACKEND
 from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
 
-AXES = ("method", "model", "precision", "delta", "mu_source")
+AXES = ("method", "model", "precision", "delta", "mu_source", "backend")
 REQUIRED_AXES = ("method", "model", "precision")  # every cell needs them
 SIM_PROFILES = ("smoke", "default", "full", "stress")  # = sim PROFILES
 SWEEP_SUFFIXES = (".yaml", ".yml")

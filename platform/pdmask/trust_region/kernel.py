@@ -26,8 +26,9 @@ mean embedding::
     W^T u_agg = sum_S (pi_i - mu_i) w_i + (pi_tail - mu_tail) w_tail
     gram_agg  = <W^T u_agg, w_k - W^T pi>
 
-``pi_tail w_tail`` is one ``[rows, V] x [V, d]`` product per chunk of the logits (pi off S; no
-``[N, V]`` float32 copy), and ``W^T pi`` adds the support's part to it. With ``W = I`` the tail bucket's self-similarity is ``sum_tail pi^2 / pi_tail``, so
+``pi_tail w_tail`` is one ``[N, V] x [V, d]`` product (pi off S), walked in row chunks of the
+logits and row blocks of ``W``: no ``[N, V]`` float32 copy of the logits, no float32 copy of a bf16
+``W``; ``W^T pi`` adds the support's part to it. With ``W = I`` the tail bucket's self-similarity is ``sum_tail pi^2 / pi_tail``, so
 ``gram_agg`` equals ``Ddot_bucket`` exactly: the check the tests make. The exact full-vocabulary
 ``gram`` (mu known everywhere) is :func:`pdmask.trust_region.exact.exact_gram`.
 """
@@ -40,6 +41,9 @@ import torch
 
 from pdmask.trust_region.logits_pass import compute_dtype, rows_per_chunk
 from pdmask.trust_region.support import build_support
+
+VOCAB_BLOCK = 8192
+"""Weight rows converted to the compute dtype at a time: 84 MB in float32 at d = 2560."""
 
 
 @dataclass
@@ -65,10 +69,12 @@ def kernel_terms(
     mu_sampled_logprob: torch.Tensor,
     *,
     chunk_size: int | None = None,
+    vocab_block: int | None = None,
 ) -> KernelTerms:
     """``logits [..., V]`` (= ``hidden @ weight.T``), ``hidden [..., d]``, ``weight [V, d]``, the
     rest as :func:`pdmask.trust_region.compute_token_stats` takes them. Computed in float32
-    (float64 from float64 logits), the logits read in row chunks."""
+    (float64 from float64 logits), the logits read in row chunks (``chunk_size`` rows) and the
+    weight in blocks of ``vocab_block`` rows (default :data:`VOCAB_BLOCK`)."""
     batch_shape = sampled_ids.shape
     vocab = logits.shape[-1]
     if hidden.shape[:-1] != batch_shape or weight.shape != (vocab, hidden.shape[-1]):
@@ -80,7 +86,7 @@ def kernel_terms(
     z = logits.detach().reshape(-1, vocab)
     n = z.shape[0]
     h = hidden.detach().reshape(n, -1).to(cdt)
-    w = weight.detach().to(cdt)
+    w_src = weight.detach()
     sampled = sampled_ids.reshape(-1).long()
     topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(n, -1)
     topk_lp = None if mu_topk_logprobs is None else mu_topk_logprobs.reshape(n, -1)
@@ -88,31 +94,39 @@ def kernel_terms(
     sup = build_support(sampled, mu_k, topk_ids, topk_lp, vocab, dtype=cdt)
 
     # The tail's embedding sum pi_tail * w_tail straight from pi off S: taking it as W^T pi minus
-    # the support's part would cancel catastrophically when pi_tail is tiny.
-    tail_embed = torch.empty(n, w.shape[1], dtype=cdt, device=z.device)
-    pi_s = torch.empty(sup.ids.shape, dtype=cdt, device=z.device)
-    pi_tail = torch.empty(n, dtype=cdt, device=z.device)
+    # the support's part would cancel catastrophically when pi_tail is tiny. The vocabulary is
+    # walked in blocks of the weight, each converted to the compute dtype once (a bf16 lm head is
+    # never copied whole to float32), against row chunks of pi = exp(z - logsumexp(z)).
     rows = rows_per_chunk(vocab, chunk_size, z.device)
-    for start in range(0, n, rows):
-        stop = min(start + rows, n)
-        probs = torch.softmax(z[start:stop].to(cdt), dim=-1)
-        ids = sup.ids[start:stop]
-        pi_s[start:stop] = probs.gather(1, ids)
-        probs.scatter_(1, ids, 0.0)
-        pi_tail[start:stop] = probs.sum(-1)  # exact: no 1 - sum
-        torch.mm(probs, w, out=tail_embed[start:stop])
-
+    lse = torch.cat([torch.logsumexp(z[s : s + rows].to(cdt), -1) for s in range(0, n, rows)])
     valid = sup.valid
-    pi_s = torch.where(valid, pi_s, 0.0)
+    pi_s = torch.where(valid, torch.exp(z.gather(1, sup.ids).to(cdt) - lse[:, None]), 0.0)
+    tail_embed = torch.zeros(n, w_src.shape[1], dtype=cdt, device=z.device)
+    pi_tail = torch.zeros(n, dtype=cdt, device=z.device)
+    block = min(vocab_block or VOCAB_BLOCK, vocab)
+    block_rows = rows_per_chunk(block, chunk_size, z.device)
+    for v0 in range(0, vocab, block):
+        v1 = min(v0 + block, vocab)
+        w_block = w_src[v0:v1].to(cdt)
+        local = sup.ids - v0
+        on_block = valid & (local >= 0) & (local < v1 - v0)
+        for r0 in range(0, n, block_rows):
+            r1 = min(r0 + block_rows, n)
+            probs = torch.exp(z[r0:r1, v0:v1].to(cdt) - lse[r0:r1, None])
+            row, slot = on_block[r0:r1].nonzero(as_tuple=True)
+            probs[row, local[r0:r1][row, slot]] = 0.0  # the support is not tail
+            pi_tail[r0:r1] += probs.sum(-1)  # exact: no 1 - sum
+            tail_embed[r0:r1].addmm_(probs, w_block)
+
     mu_s = sup.mu_logp.exp()  # 0 on invalid slots
     # mu's tail as the statistics take it (an empty tail holds nothing, whatever rounding says)
     mu_tail = (-torch.special.expm1(torch.logsumexp(sup.mu_logp, dim=-1))).clamp_min(0.0)
     mu_tail = torch.where(sup.size >= vocab, 0.0, mu_tail)
-    w_s = w[sup.ids]  # [n, M, d]
+    w_s = w_src[sup.ids].to(cdt)  # [n, M, d]
     pi_embed = tail_embed + torch.einsum("nm,nmd->nd", pi_s, w_s)  # W^T pi
     tail_weight = torch.where(pi_tail > 0, (pi_tail - mu_tail) / pi_tail, 0.0)
     u_embed = torch.einsum("nm,nmd->nd", pi_s - mu_s, w_s) + tail_weight[:, None] * tail_embed
-    v_embed = w[sampled] - pi_embed
+    v_embed = w_src[sampled].to(cdt) - pi_embed
     gram = (u_embed * v_embed).sum(-1)
     head = (h * h).sum(-1)
     return KernelTerms(head=head.reshape(batch_shape), gram=gram.reshape(batch_shape))

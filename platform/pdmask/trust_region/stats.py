@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from pdmask.trust_region.kernel import KernelTerms
 from pdmask.trust_region.logits_pass import chunked_logits_pass, compute_dtype
 from pdmask.trust_region.support import SupportMode, build_support
 
@@ -19,6 +20,10 @@ ENTROPY = "entropy"
 SUPPORT_LOG_PROBS = "support_log_probs"
 """``Recipe.needs`` name: log pi over ``S = TopK(mu) ∪ {y}`` and the tail's mass, differentiable
 (``RecipeBatch.support``)."""
+OUTPUT_KERNEL = "output_kernel"
+"""``Recipe.needs`` name: ``|h|^2`` and the output-embedding kernel term per token
+(``stats.kernel``, detached; ``pdmask.trust_region.kernel``). A backend computes it from the lm
+head's input and weight, which it must hand over (``kernel_terms``); not a pass output."""
 GRADIENT_INPUTS = (ENTROPY, SUPPORT_LOG_PROBS)
 """The differentiable inputs the chunked logits pass computes on request (registry: KNOWN_INPUTS)."""
 
@@ -90,6 +95,7 @@ class TokenStats:
     vocab_size: int  # n, the logits width
     entropy: torch.Tensor | None = None  # H(pi_t), differentiable (inputs: "entropy")
     support: SupportLogProbs | None = None  # pi and mu over S (inputs: "support_log_probs")
+    kernel: KernelTerms | None = None  # |h|^2 and gram_agg (inputs: "output_kernel", detached)
 
     def detached(self) -> TokenStats:
         """The same statistics without any gradient (what a recipe's ``batch.stats`` holds)."""

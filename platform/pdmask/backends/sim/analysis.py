@@ -22,8 +22,10 @@ from pdmask.backends.sim.grpo import (
     ExactReference,
     RolloutBatch,
     exact_reference,
+    output_kernel,
     token_stats,
     trainer_logits,
+    trainer_logits_and_hidden,
 )
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.runtime import single_threaded
@@ -34,7 +36,6 @@ from pdmask.trust_region import (
     TokenStats,
     aggregate_loss,
     compute_token_stats,
-    kernel_terms,
     per_token_loss,
 )
 
@@ -71,40 +72,27 @@ class AnalysisSetup:
         return trainer_logits(self.trainer, self.batch, index)
 
     def logits_and_hidden(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The logits as :meth:`logits` gives them and the lm head's input ``[n, R, d]`` (the
-        hidden states the kernel terms need), from one forward pass."""
-        captured: list[torch.Tensor] = []
-        hook = self.trainer.lm_head.register_forward_hook(
-            lambda _m, args, _o: captured.append(args[0])
-        )
-        try:
-            logits = self.logits(index)
-        finally:
-            hook.remove()
-        return logits, captured[0]
+        """The logits as :meth:`logits` gives them and the lm head's input ``[n, R, d]``."""
+        return trainer_logits_and_hidden(self.trainer, self.batch, index)
 
     def kernel(
         self, logits: torch.Tensor, hidden: torch.Tensor, index: torch.Tensor
     ) -> KernelTerms:
         """The output-embedding kernel terms against the behaviour's top-K view."""
-        gen = self.batch.generation
-        return kernel_terms(
-            logits,
-            hidden,
-            self.trainer.lm_head.weight,
-            gen.responses[index],
-            gen.mu_topk_ids[index],
-            gen.mu_topk_logprobs[index],
-            gen.mu_logp[index],
-        )
+        return output_kernel(logits, hidden, self.trainer.lm_head.weight, self.batch, index)
 
     def stats(
-        self, logits: torch.Tensor, index: torch.Tensor | None = None, inputs=()
+        self,
+        logits: torch.Tensor,
+        index: torch.Tensor | None = None,
+        inputs=(),
+        hidden: torch.Tensor | None = None,
     ) -> TokenStats:
         """Statistics against the behaviour's top-K view (what a mask may use); ``inputs``: a
-        recipe's ``needs``."""
+        recipe's ``needs`` (``output_kernel`` also takes the lm head's input ``hidden``)."""
         index = self.all_sequences if index is None else index
-        return token_stats(logits, self.batch, index, inputs)
+        weight = self.trainer.lm_head.weight
+        return token_stats(logits, self.batch, index, inputs, hidden=hidden, lm_head=weight)
 
     def exact(self, logits: torch.Tensor, index: torch.Tensor | None = None) -> ExactReference:
         """Exact full-vocabulary KL and ``Ddot`` against the full behaviour distribution."""

@@ -10,14 +10,22 @@ behaviour's top-K view only.
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from pdmask.backends.sim.model import TinyDecoder
 from pdmask.backends.sim.rollout import Generation, generate
 from pdmask.backends.sim.task import AdditionTask
-from pdmask.trust_region import ExactDivergence, TokenStats, compute_token_stats, exact_divergence
+from pdmask.trust_region import (
+    ExactDivergence,
+    KernelTerms,
+    TokenStats,
+    compute_token_stats,
+    exact_divergence,
+    kernel_terms,
+)
+from pdmask.trust_region.stats import OUTPUT_KERNEL
 
 GRPO_EPSILON = 1e-6
 
@@ -93,22 +101,65 @@ def trainer_logits(trainer: TinyDecoder, batch: RolloutBatch, index: torch.Tenso
     return trainer(sequences[:, :-1], logits_from=start)
 
 
+def trainer_logits_and_hidden(
+    trainer: TinyDecoder, batch: RolloutBatch, index: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`trainer_logits` and the lm head's input ``[n, R, d]`` at the same positions (the
+    hidden states the output-kernel terms need), from one forward pass."""
+    captured: list[torch.Tensor] = []
+    hook = trainer.lm_head.register_forward_hook(lambda _m, args, _o: captured.append(args[0]))
+    try:
+        logits = trainer_logits(trainer, batch, index)
+    finally:
+        hook.remove()
+    return logits, captured[0]
+
+
 def token_stats(
     logits: torch.Tensor,
     batch: RolloutBatch,
     index: torch.Tensor,
     inputs: Collection[str] = (),
+    *,
+    hidden: torch.Tensor | None = None,
+    lm_head: torch.Tensor | None = None,
 ) -> TokenStats:
     """Trust-region statistics of ``pi`` (these logits) against the behaviour's top-K view;
-    ``inputs``: the recipe's ``needs`` (its differentiable extras)."""
+    ``inputs``: the recipe's ``needs`` (its differentiable extras; ``output_kernel`` also takes
+    the lm head's input ``hidden`` and weight ``lm_head``)."""
     gen = batch.generation
-    return compute_token_stats(
+    stats = compute_token_stats(
         logits,
         gen.responses[index],
         gen.mu_topk_ids[index],
         gen.mu_topk_logprobs[index],
         gen.mu_logp[index],
         inputs=inputs,
+    )
+    if OUTPUT_KERNEL not in inputs:
+        return stats
+    if hidden is None or lm_head is None:
+        raise ValueError("output_kernel needs the lm head's input and weight")
+    return replace(stats, kernel=output_kernel(logits, hidden, lm_head, batch, index))
+
+
+def output_kernel(
+    logits: torch.Tensor,
+    hidden: torch.Tensor,
+    lm_head: torch.Tensor,
+    batch: RolloutBatch,
+    index: torch.Tensor,
+) -> KernelTerms:
+    """The output-embedding kernel terms against the behaviour's top-K view."""
+    gen = batch.generation
+    return kernel_terms(
+        logits,
+        hidden,
+        lm_head,
+        gen.responses[index],
+        gen.mu_topk_ids[index],
+        gen.mu_topk_logprobs[index],
+        gen.mu_logp[index],
     )
 
 

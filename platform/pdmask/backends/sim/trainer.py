@@ -38,7 +38,7 @@ from pdmask.backends.sim.grpo import (
     RolloutBatch,
     exact_reference,
     token_stats,
-    trainer_logits,
+    trainer_logits_and_hidden,
 )
 from pdmask.backends.sim.precision import sync_behaviour
 from pdmask.backends.sim.runtime import single_threaded
@@ -86,8 +86,9 @@ def _update(
     valid = batch.valid[index]
     advantages = batch.token_advantages[index]
     with torch.set_grad_enabled(cfg.learns):  # the lr = 0 control needs no autograd graph
-        logits = trainer_logits(state.trainer, batch, index)
-    stats = token_stats(logits, batch, index, mask_fn.needs)
+        logits, hidden = trainer_logits_and_hidden(state.trainer, batch, index)
+    lm_head = state.trainer.lm_head.weight
+    stats = token_stats(logits, batch, index, mask_fn.needs, hidden=hidden, lm_head=lm_head)
     step_out = apply_method(
         mask_fn, stats, advantages, valid, backend=SIM.name, precision=cfg.precision
     )
