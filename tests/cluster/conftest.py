@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.loopback import free_port
+from pdmask.loopback import free_ports
 from pdmask.orchestration.local_ray import LOOPBACK_ENV
-from pdmask.orchestration.ray_jobs_local import tree_of
+from pdmask.orchestration.ray_jobs_local import PORT_FLAGS, tree_of
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once
@@ -65,18 +65,8 @@ def ray_head_process():
     tmp = tempfile.mkdtemp(
         prefix="pdmray", dir="/tmp"
     )  # short: Ray's socket paths are length-capped
-    dash = free_port()
-    ports = {
-        "--port": free_port(),
-        "--dashboard-port": dash,
-        "--ray-client-server-port": free_port(),
-        "--dashboard-agent-listen-port": free_port(),
-        "--dashboard-agent-grpc-port": free_port(),
-        "--metrics-export-port": free_port(),
-        "--runtime-env-agent-port": free_port(),
-        "--node-manager-port": free_port(),
-        "--object-manager-port": free_port(),
-    }
+    ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+    dash = ports["--dashboard-port"]
     cmd = [
         str(Path(sys.executable).with_name("ray")),
         "start",

@@ -27,9 +27,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdmask.loopback import LOOPBACK, free_port
+from pdmask.loopback import LOOPBACK, free_port, free_ports
 from pdmask.orchestration.local_ray import LOOPBACK_ENV
-from pdmask.orchestration.ray_jobs_local import NODE_PORT_FLAGS, tree_of
+from pdmask.orchestration.ray_jobs_local import NODE_PORT_FLAGS, PORT_FLAGS, tree_of
 from tests.cluster.conftest import stop_by_pid
 
 BIN = Path(sys.executable).parent
@@ -91,9 +91,8 @@ def _spawn(cmd: list[str], env: dict[str, str], prefix: str, **extra) -> Started
 
 
 def start_head(token: str | None, num_cpus: int = 1, num_gpus: int = 0) -> Started:
-    gcs, dash = free_port(), free_port()
-    ports = {"--port": gcs, "--dashboard-port": dash, "--ray-client-server-port": free_port()}
-    ports.update({flag: free_port() for flag in NODE_PORT_FLAGS})
+    ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
+    gcs, dash = ports["--port"], ports["--dashboard-port"]
     cmd = [
         str(BIN / "ray"),
         "start",
@@ -129,7 +128,10 @@ def start_worker(head: Started, token: str | None, num_cpus: int = 1, num_gpus: 
         "--resources=" + json.dumps({WORKER_RESOURCE: 1}),
         f"--object-store-memory={256 * 1024 * 1024}",
         "--temp-dir={folder}",
-        *(f"{flag}={free_port()}" for flag in NODE_PORT_FLAGS),
+        *(
+            f"{flag}={port}"
+            for flag, port in zip(NODE_PORT_FLAGS, free_ports(len(NODE_PORT_FLAGS)), strict=True)
+        ),
     ]
     return _spawn(cmd, ray_env(token), "pdmw")
 

@@ -265,8 +265,9 @@ def _per_test(summary: dict[str, Any], opt: str) -> list[str]:
         f"### {opt} (learning rate {data['lr_mean']:.3g}{' mean, matched per seed' if opt == 'sgd' else ''})",
         "",
         "| direction test | masked | kept | unsafe-keep (pooled / seed mean) | shrink share | "
-        "seeds better / worse / tied vs ratio | sign-test p | sign accuracy (all / disagreeing) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "− ratio (pp, per seed ± sd; paired t p) | seeds better / worse / tied vs ratio | "
+        "sign-test p | sign accuracy (all / disagreeing) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for test in STEP_TESTS:
         t = data["tests"][test]
@@ -277,13 +278,19 @@ def _per_test(summary: dict[str, Any], opt: str) -> list[str]:
             else "–"
         )
         p = f"{cmp['sign_test_p']:.3g}" if cmp else "–"
+        difference = (
+            f"{100 * cmp['mean_difference']:+.2f} ± {100 * cmp['sd_difference']:.2f}; "
+            f"{cmp['t_test_p']:.2g}"
+            if cmp and cmp["mean_difference"] == cmp["mean_difference"]
+            else "–"
+        )
         accuracy = _pct(t["sign_accuracy"]) if test != "none" else "–"
         if test in PREDICTIVE:
             accuracy += f" / {_pct(t['sign_accuracy_disagree'])}"
         lines.append(
             f"| {TEST_LABELS[test]} | {t['masked']} | {t['kept']} | "
             f"{_pct(t['unsafe_keep'])} / {_pct(t['unsafe_keep_seed_mean'])} | "
-            f"{_pct(t['shrink_share'])} | {seeds} | {p} | {accuracy} |"
+            f"{_pct(t['shrink_share'])} | {difference} | {seeds} | {p} | {accuracy} |"
         )
     return lines
 

@@ -30,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 from pdmask.errors import ConfigError
-from pdmask.loopback import LOOPBACK, free_port
+from pdmask.loopback import LOOPBACK, free_ports
 from pdmask.orchestration.local_ray import LOOPBACK_ENV, RAY_ENV
 
 LOGICAL_CPUS = 16  # verl's transfer queue and agent loops hold one logical CPU per actor
@@ -46,6 +46,10 @@ NODE_PORT_FLAGS = (
     "--object-manager-port",
 )
 PORT_FLAGS = ("--port", "--dashboard-port", "--ray-client-server-port", *NODE_PORT_FLAGS)
+# A port chosen free can be taken by another process before the head binds it; the head then
+# exits at once saying so (Ray's words below), and a second start with fresh ports succeeds.
+PORT_TAKEN_MARKERS = ("used by other components", "address already in use")
+START_ATTEMPTS = 3
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -108,6 +112,10 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class _PortTaken(Exception):
+    """The head exited because a port chosen for it was taken meanwhile (``start`` retries)."""
+
+
 class LocalRayHead:
     """A Ray head on loopback, started by pdmask and stopped by PID (a context manager)."""
 
@@ -145,9 +153,19 @@ class LocalRayHead:
         return {**os.environ, **RAY_ENV, **LOOPBACK_ENV, "PATH": path, **scratch}
 
     def start(self) -> str:
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except _PortTaken as taken:
+                if attempt == START_ATTEMPTS:
+                    raise ConfigError(str(taken)) from None
+                self.log("a port chosen for the local Ray head was taken meanwhile; retrying")
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> str:
         # Short: Ray's socket paths are length-capped.
         self.folder = Path(tempfile.mkdtemp(prefix="pdmray", dir="/tmp"))
-        ports = {flag: free_port() for flag in PORT_FLAGS}
+        ports = dict(zip(PORT_FLAGS, free_ports(len(PORT_FLAGS)), strict=True))
         cmd = [
             str(Path(sys.executable).with_name("ray")),
             "start",
@@ -193,10 +211,13 @@ class LocalRayHead:
         deadline = time.time() + START_TIMEOUT_S
         while time.time() < deadline:
             if self.process.poll() is not None:
-                raise ConfigError(
+                message = (
                     f"the local Ray head exited ({self.process.returncode}):\n"
                     + log_path.read_text()[-3000:]
                 )
+                if any(marker in message.lower() for marker in PORT_TAKEN_MARKERS):
+                    raise _PortTaken(message)
+                raise ConfigError(message)
             if self._node_ready():
                 return
             time.sleep(0.5)

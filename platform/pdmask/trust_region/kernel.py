@@ -43,7 +43,8 @@ from pdmask.trust_region.logits_pass import compute_dtype, rows_per_chunk
 from pdmask.trust_region.support import build_support
 
 VOCAB_BLOCK = 8192
-"""Weight rows converted to the compute dtype at a time: 84 MB in float32 at d = 2560."""
+"""Weight rows converted to the compute dtype at a time (the vocabulary's blocks, and the support's
+gathered embeddings for ``VOCAB_BLOCK // M`` tokens): 84 MB in float32 at d = 2560."""
 
 
 @dataclass
@@ -85,7 +86,7 @@ def kernel_terms(
     cdt = compute_dtype(logits.dtype)
     z = logits.detach().reshape(-1, vocab)
     n = z.shape[0]
-    h = hidden.detach().reshape(n, -1).to(cdt)
+    h = hidden.detach().reshape(n, -1)
     w_src = weight.detach()
     sampled = sampled_ids.reshape(-1).long()
     topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(n, -1)
@@ -122,11 +123,22 @@ def kernel_terms(
     # mu's tail as the statistics take it (an empty tail holds nothing, whatever rounding says)
     mu_tail = (-torch.special.expm1(torch.logsumexp(sup.mu_logp, dim=-1))).clamp_min(0.0)
     mu_tail = torch.where(sup.size >= vocab, 0.0, mu_tail)
-    w_s = w_src[sup.ids].to(cdt)  # [n, M, d]
-    pi_embed = tail_embed + torch.einsum("nm,nmd->nd", pi_s, w_s)  # W^T pi
     tail_weight = torch.where(pi_tail > 0, (pi_tail - mu_tail) / pi_tail, 0.0)
-    u_embed = torch.einsum("nm,nmd->nd", pi_s - mu_s, w_s) + tail_weight[:, None] * tail_embed
-    v_embed = w_src[sampled].to(cdt) - pi_embed
-    gram = (u_embed * v_embed).sum(-1)
-    head = (h * h).sum(-1)
+    # The support's embeddings are gathered for as many rows at a time as a weight block holds
+    # (all at once, [n, M, d] in float32, is 880 MB at n = 4096, M = 21, d = 2560), and each
+    # row chunk is finished there: only the tail's embeddings are kept for every row.
+    gram = torch.empty(n, dtype=cdt, device=z.device)
+    head = torch.empty(n, dtype=cdt, device=z.device)
+    gather_rows = max(1, block // sup.ids.shape[1])
+    for r0 in range(0, n, gather_rows):
+        r1 = min(r0 + gather_rows, n)
+        w_s = w_src[sup.ids[r0:r1]].to(cdt)  # [rows, M, d]
+        tail = tail_embed[r0:r1]
+        pi_embed = tail + torch.einsum("nm,nmd->nd", pi_s[r0:r1], w_s)  # W^T pi
+        u_embed = torch.einsum("nm,nmd->nd", pi_s[r0:r1] - mu_s[r0:r1], w_s)
+        u_embed += tail_weight[r0:r1, None] * tail
+        v_embed = w_src[sampled[r0:r1]].to(cdt) - pi_embed
+        gram[r0:r1] = torch.linalg.vecdot(u_embed, v_embed)
+        h_rows = h[r0:r1].to(cdt)
+        head[r0:r1] = torch.linalg.vecdot(h_rows, h_rows)
     return KernelTerms(head=head.reshape(batch_shape), gram=gram.reshape(batch_shape))
