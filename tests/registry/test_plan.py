@@ -113,3 +113,27 @@ def test_trials_that_differ_in_a_recipe_parameter_differ_in_name_and_plan_row(pr
     assert names == ["dppo-topk-kl-4b-bf16-d0.15-s0", "dppo-topk-kl-topk8-4b-bf16-d0.15-s0"]
     plan = pdm("sweep", "topk", "--dry-run", project=project, check=True).stdout
     assert "dppo-topk-kl (topk = 8)" in plan and plan.count("dppo-topk-kl") == 2, plan
+
+
+def test_the_plan_says_which_cells_a_backend_leaves_out():
+    """On verl, main-figure's pdm-gram cells (the embedded backend's only) and its lr = 0 controls
+    (an embedded-backend knob) are not run: the plan counts them and says why."""
+    reg = load_registry()
+    left = reg.left_out("main-figure", backend="verl")
+    assert {r: (lo.trials, lo.methods) for r, lo in left.items()} == {
+        "cells for the sim backend only": (12, ["pdm-gram"]),  # 4 settings x 3 seeds
+        "cells setting sim.lr (embedded-backend knobs)": (12, ["dppo-topk-kl"]),
+    }
+    assert reg.left_out("main-figure", backend="sim") == {}
+    planned = len(reg.expand("main-figure", backend="verl"))
+    assert planned + 24 == len(reg.expand("main-figure", backend="sim")) == 72
+    out = pdm("sweep", "main-figure", "--dry-run", "--backend", "verl", check=True).stdout
+    assert (
+        "left out on backend verl: 12 trial(s), cells for the sim backend only (method pdm-gram)"
+        in out
+    )
+    plan = json.loads(
+        pdm("sweep", "main-figure", "--dry-run", "--backend", "verl", "--json", check=True).stdout
+    )
+    assert sum(entry["trials"] for entry in plan["left_out"]) == 24
+    assert len(plan["trials"]) == planned

@@ -159,8 +159,13 @@ def _print_plan(name: str, options, as_json: bool) -> None:
         specs = backend.job_specs(
             reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri
         )
+    left_out = reg.left_out(name, backend=options.backend)
     if as_json:
         data = {"sweep": sweep.name, "cluster": cluster, "trials": [r.model_dump() for r in rows]}
+        data["left_out"] = [
+            {"reason": reason, "trials": lo.trials, "methods": lo.methods}
+            for reason, lo in left_out.items()
+        ]
         for t, row in zip(trials, data["trials"], strict=True):
             row["config"] = t.model_dump(mode="json")
             row["tags"] = t.tags()
@@ -215,6 +220,9 @@ def _print_plan(name: str, options, as_json: bool) -> None:
         f"on cluster {cluster} ({CLUSTERS[cluster].gpus} GPUs): about {total:,.0f} GPU-hours, "
         f"{fit} trial(s) fit at once (estimates)"
     )
+    for reason, lo in left_out.items():
+        methods = f" (method {', '.join(lo.methods)})" if lo.methods else ""
+        out.print(f"left out on backend {backend}: {lo.trials} trial(s), {reason}{methods}")
     if sweep.search is not None:
         out.print(
             f"search: {sweep.search.budget} trials optimising {sweep.search.metric} ({sweep.search.mode}) "

@@ -4,6 +4,7 @@ Public API::
 
     load_registry(root=None) -> Registry      # discover recipes/, sweeps/, dashboards/
     Registry.expand(sweep, backend=, profile=) -> list[Trial]   # raises ValidationFailed
+    Registry.left_out(sweep, backend=) -> {reason: LeftOut}  # cells that backend does not run
     Recipe, Param, PARAM_ROLES                # what a file in recipes/ declares
     Trial                                     # one resolved trial; .trial_hash is its identity,
                                               #   .recipe() the recipe it trains (as planned)

@@ -29,6 +29,25 @@ from pdmask.registry.yaml_source import YamlSource
 
 
 @dataclass
+class LeftOut:
+    """Trials a backend leaves out of a sweep for one reason, and the methods of their cells."""
+
+    trials: int
+    methods: list[str]
+
+
+def left_out_reason(cell: Cell, backend: BackendSpec) -> str | None:
+    """Why ``backend`` leaves a grid cell out of its expansion; None when it runs the cell."""
+    only_on = cell.get("backend")
+    if only_on is not None and only_on[0] != backend.name:
+        return f"cells for the {only_on[0]} backend only"
+    knobs = sorted(k for k in cell if k.startswith(SIM_AXIS_PREFIX))
+    if knobs and not backend.takes_sim_knobs:
+        return f"cells setting {', '.join(knobs)} (embedded-backend knobs)"
+    return None
+
+
+@dataclass
 class Registry:
     root: Path
     recipes: dict[str, Recipe]
@@ -67,6 +86,27 @@ class Registry:
         if sweep.search is not None:
             return sweep.search.budget
         return grid_size(sweep.grid) * len(sweep.seed_list())
+
+    def left_out(self, name: str, *, backend: str | None = None) -> dict[str, LeftOut]:
+        """The trials of grid sweep ``name`` that ``backend`` (default: the sweep's) leaves out
+        of its expansion, by reason (``left_out_reason``): a plan says what it does not run."""
+        sweep = self.sweep(name)
+        spec = BACKENDS.get(backend or sweep.backend)
+        if sweep.search is not None or spec is None:
+            return {}
+        seeds = len(sweep.seed_list())
+        matched = [False] * len(sweep.overrides)
+        out: dict[str, LeftOut] = {}
+        for cell in iter_cells(sweep.grid, ("grid",), [], self.sweep_sources[name]):
+            reason = left_out_reason(self._apply_overrides(sweep, cell, matched), spec)
+            if reason is None:
+                continue
+            entry = out.setdefault(reason, LeftOut(0, []))
+            entry.trials += seeds
+            method = cell.get("method", (None,))[0]
+            if method is not None and method not in entry.methods:
+                entry.methods.append(method)
+        return out
 
     def expand(
         self,
@@ -228,15 +268,13 @@ class Registry:
                 )
             )
             return None
-        if only_on is not None and only_on[0] != backend.name:
-            return None  # a cell for another backend: this one leaves it out
+        if left_out_reason(cell, backend) is not None:
+            return None  # reported by the plan (Registry.left_out)
         sim_axes = {
             k.removeprefix(SIM_AXIS_PREFIX): (v, p)
             for k, (v, p) in cell.items()
             if k.startswith(SIM_AXIS_PREFIX)
         }
-        if sim_axes and not backend.takes_sim_knobs:
-            return None  # a cell of embedded-backend knobs: other backends leave it out
         sim, knob_errors = resolve_knobs({k: v for k, (v, _) in sim_axes.items()})
         for knob, err in knob_errors:
             problems.append(src.problem(sim_axes.get(knob, (None, ("grid",)))[1], err))
