@@ -281,7 +281,7 @@ def _per_test(summary: dict[str, Any], opt: str) -> list[str]:
         difference = (
             f"{100 * cmp['mean_difference']:+.2f} ± {100 * cmp['sd_difference']:.2f}; "
             f"{cmp['t_test_p']:.2g}"
-            if cmp and cmp["mean_difference"] == cmp["mean_difference"]
+            if cmp and not math.isnan(cmp["mean_difference"])
             else "–"
         )
         accuracy = _pct(t["sign_accuracy"]) if test != "none" else "–"
