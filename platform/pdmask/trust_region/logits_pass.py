@@ -18,10 +18,14 @@ Every other output is a detached statistic. The backward adds all requested term
 chunk buffer: a dense part ``pi_j (c - g_H z_j)`` (``c`` per row, from every output's upstream
 gradient; ``log pi_j = z_j - lse``) plus sparse corrections at the sampled and support ids.
 
-On a GPU the same outputs, with the same gradients, come from two fused Triton kernels
-(``triton_pass``: one read of the logits forward, one read and one write backward) whenever they
-can: float32 or lower precision logits, Triton installed, and no ``chunk_size`` given (a chunk
-size asks for this chunked pass, whose knob it is).
+The same outputs, with the same gradients, come from two fused kernels whenever they can
+(``fused_kernels``): float32 or lower precision logits and no ``chunk_size`` given (a chunk size
+asks for this chunked pass, whose knob it is), and
+- on a GPU with Triton installed, Triton kernels (``triton_pass``: one read of the logits
+  forward, one read and one write backward);
+- on a CPU from ``compiled_pass.MIN_VOCAB`` columns on, with a C++ compiler, kernels compiled by
+  torch's inductor (``compiled_pass``: one loop nest per row forward, one sweep backward). Where
+  compiling fails the pass falls back to its chunks (warned once per process).
 """
 
 from __future__ import annotations
@@ -80,17 +84,21 @@ class LogitsPass:
 class _ChunkedLogitsPass(torch.autograd.Function):
     @staticmethod
     def forward(
-        ctx, logits, sampled, support_ids, rows, second_order, entropy, support_grad, fused
+        ctx, logits, sampled, support_ids, rows, second_order, entropy, support_grad, kernels
     ):
         # An output nobody differentiated arrives in backward as None, not as zeros: the common
         # case (a gradient on log pi(y) alone) then takes its two-sweep path, and no pass adds
         # zero terms (with zeros materialised, every backward took the general path).
         ctx.set_materialize_grads(False)
-        ctx.fused = fused
-        if fused:
-            return _fused_forward(
-                ctx, logits, sampled, support_ids, second_order, entropy, support_grad
+        ctx.rows = rows
+        ctx.kernels = kernels
+        if kernels is not None:
+            outputs = _fused_forward(
+                ctx, kernels, logits, sampled, support_ids, second_order, entropy, support_grad
             )
+            if outputs is not None:
+                return outputs
+            ctx.kernels = None  # the CPU kernels could not be built: the chunks serve
         n = logits.shape[0]
         cdt = compute_dtype(logits.dtype)
         m = support_ids.shape[1]
@@ -126,7 +134,14 @@ class _ChunkedLogitsPass(torch.autograd.Function):
                 _row_dots(probs, logp, out=ent[start:stop])
             if second_order:
                 tail_cube[start:stop] = torch.linalg.vector_norm(probs, 3, dim=-1).pow(3)
+        # A row with logits at -inf (a padded vocabulary) has pi log pi = 0 * -inf in its dot:
+        # its tail part is taken again with 0 there, and its backward zeroes those entries.
+        ctx.padded_rows = None
         if entropy:
+            padded = torch.isnan(ent)
+            if padded.any():
+                ent[padded] = _tail_p_log_p(logits[padded], support_ids[padded], cdt)
+                ctx.padded_rows = padded
             ent.add_(_support_p_log_p(logp_support, support_ids)).neg_()
         # log pi_j = z_j - lse: every backward rebuilds pi_j = exp(z_j - lse) from it (from z_y,
         # exact), which is cheaper than a softmax's two reductions.
@@ -135,7 +150,6 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         if lost.any():
             lse[lost] = torch.logsumexp(logits[lost].to(cdt), dim=-1)
         ctx.save_for_backward(logits, sampled, support_ids, tail_mass, ent, lse)
-        ctx.rows = rows
         detached = [tail_sq] + ([tail_cube] if second_order else [])
         if not support_grad:
             detached += [logp_support, tail_mass]
@@ -146,17 +160,15 @@ class _ChunkedLogitsPass(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_support, grad_tail, _sq, _cube, grad_entropy):
         logits, sampled, support_ids, tail_mass, ent, lse = ctx.saved_tensors
         nothing = (None,) * 7
-        if ctx.fused:
-            from . import triton_pass
-
-            grads = (grad_logp, grad_support, grad_tail, grad_entropy)
-            if all(g is None for g in grads):
-                return (None, *nothing)
+        grads = (grad_logp, grad_support, grad_tail, grad_entropy)
+        if all(g is None for g in grads):
+            return (None, *nothing)
+        if ctx.kernels is not None:
             args = (logits, sampled, support_ids, lse, tail_mass, ent)
-            return (triton_pass.backward(*args, *grads), *nothing)
+            grad_logits = ctx.kernels.backward(*args, *grads, padded=ctx.padded_rows)
+            if grad_logits is not None:  # None: the CPU kernel could not be built
+                return (grad_logits, *nothing)
         if grad_support is None and grad_tail is None and grad_entropy is None:
-            if grad_logp is None:
-                return (None, *nothing)
             return (_sampled_only_backward(logits, sampled, lse, grad_logp, ctx.rows), *nothing)
         cdt = compute_dtype(logits.dtype)
         g_y, g_s, g_t, g_h, coef = upstream(
@@ -167,7 +179,12 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         shape = (min(ctx.rows, n), logits.shape[1])
         buffer = logits.new_empty(shape, dtype=cdt)
         z_buffer = logits.new_empty(shape, dtype=cdt) if g_h is not None else None
-        entropic = _chunks_with_entropy_gradient(g_h, n, ctx.rows)
+        # Only chunks where some row has an entropy gradient pay the entropy's dense term (the
+        # logits in the compute dtype beside pi, two more sweeps); the others take the plain
+        # ``pi_j c`` sweep, exact for them. A recipe whose entropy term acts on some tokens only
+        # (``ent-bonus``: the masked ones) pays on those only.
+        entropic = _chunks_with(g_h, n, ctx.rows)
+        padded = _chunks_with(ctx.padded_rows, n, ctx.rows)
         for chunk, start in enumerate(range(0, n, ctx.rows)):
             stop = min(start + ctx.rows, n)
             ids = support_ids[start:stop]
@@ -179,6 +196,8 @@ class _ChunkedLogitsPass(torch.autograd.Function):
                 grad = z_buffer[: stop - start].copy_(logits[start:stop])
                 probs = _probs(grad, lse[start:stop], buffer)
                 pi_s = probs.gather(1, ids)
+                if padded[chunk]:  # z = -inf where pi = 0: the term is 0 there, not inf * 0
+                    grad.masked_fill_(probs == 0, 0.0)
                 grad.mul_(-g_h[start:stop, None]).add_(coef[start:stop, None]).mul_(probs)
             else:
                 grad = _probs(logits[start:stop], lse[start:stop], buffer)
@@ -196,16 +215,14 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         return (grad_logits, *nothing)
 
 
-def _chunks_with_entropy_gradient(g_h: torch.Tensor | None, n: int, rows: int) -> list[bool]:
-    """Per chunk of ``rows`` rows (of ``n``): whether any row has a nonzero entropy gradient. Only
-    those chunks pay the entropy's dense term (the logits in the compute dtype beside pi, two more
-    sweeps); the others take the plain ``pi_j c`` sweep, exact for them. A recipe whose entropy
-    term acts on some tokens only (``ent-bonus``: the masked ones) pays on those only."""
+def _chunks_with(values: torch.Tensor | None, n: int, rows: int) -> list[bool]:
+    """Per chunk of ``rows`` rows (of ``n``): whether any row's entry of ``values [n]`` is
+    nonzero (None: no chunk)."""
     n_chunks = -(-n // rows)
-    if g_h is None:
+    if values is None:
         return [False] * n_chunks
-    live = torch.zeros(n_chunks * rows, dtype=torch.bool, device=g_h.device)
-    live[:n] = g_h != 0
+    live = torch.zeros(n_chunks * rows, dtype=torch.bool, device=values.device)
+    live[:n] = values != 0
     return live.view(n_chunks, rows).any(-1).tolist()
 
 
@@ -236,7 +253,8 @@ def sparse_entries(at, support_ids, sampled, p_at, z_at, coef, g_y, g_s, g_t, g_
     sampled id, the tail's ``-g_T pi_j`` where ``j`` is in the support, and every support slot's
     ``g_s`` holding ``j``. Equal ids get equal values, so a scatter over duplicates is exact."""
     dense = coef[:, None] if g_h is None else coef[:, None] - g_h[:, None] * z_at
-    value = p_at * dense + (at == sampled[:, None]) * g_y[:, None]
+    # 0 where pi is 0 (an id at -inf: g_H z_j is infinite there)
+    value = torch.where(p_at > 0, p_at * dense, 0.0) + (at == sampled[:, None]) * g_y[:, None]
     if g_t is not None or g_s is not None:
         same = at[:, :, None] == support_ids[:, None, :]  # [n, P, M]: slot m holds id at[p]
         if g_t is not None:
@@ -246,13 +264,16 @@ def sparse_entries(at, support_ids, sampled, p_at, z_at, coef, g_y, g_s, g_t, g_
     return value
 
 
-def _fused_forward(ctx, logits, sampled, support_ids, second_order, entropy, support_grad):
-    from . import triton_pass
-
+def _fused_forward(ctx, kernels, logits, sampled, support_ids, second_order, entropy, support_grad):
+    """The forward by ``kernels`` (``triton_pass`` or ``compiled_pass``), or None where the
+    compiled CPU kernels could not be built."""
     if logits.stride(-1) != 1:  # the kernels read each row as one contiguous run (rows may
         logits = logits.contiguous()  # be strided: each kernel takes its tensors' row strides)
-    outputs = triton_pass.statistics(logits, sampled, support_ids, second_order, entropy)
-    logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, ent, lse = outputs
+    outputs = kernels.statistics(logits, sampled, support_ids, second_order, entropy)
+    if outputs is None:
+        return None
+    logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, ent, lse, padded = outputs
+    ctx.padded_rows = padded
     ctx.save_for_backward(logits, sampled, support_ids, tail_mass, ent, lse)
     detached = [tail_sq] + ([tail_cube] if second_order else [])
     if not support_grad:
@@ -261,14 +282,23 @@ def _fused_forward(ctx, logits, sampled, support_ids, second_order, entropy, sup
     return logp_sampled, logp_support, tail_mass, tail_sq, tail_cube, ent
 
 
-def fused_kernels_serve(logits: torch.Tensor, chunk_size: int | None) -> bool:
-    """Whether ``chunked_logits_pass`` runs the fused Triton kernels (see the module docstring)."""
-    return (
-        logits.is_cuda
-        and logits.dtype in FUSED_DTYPES
-        and chunk_size is None
-        and importlib.util.find_spec("triton") is not None
-    )
+def fused_kernels(logits: torch.Tensor, chunk_size: int | None):
+    """The module whose fused kernels ``chunked_logits_pass`` runs (``triton_pass`` or
+    ``compiled_pass``), or None for the chunks (see the module docstring)."""
+    if logits.dtype not in FUSED_DTYPES or chunk_size is not None:
+        return None
+    if logits.is_cuda:
+        if importlib.util.find_spec("triton") is None:
+            return None
+        from . import triton_pass
+
+        return triton_pass
+    from . import compiled_pass
+
+    cpu = logits.device.type == "cpu"
+    if cpu and logits.shape[-1] >= compiled_pass.MIN_VOCAB and compiled_pass.available():
+        return compiled_pass
+    return None
 
 
 def _row_dots(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -282,6 +312,13 @@ def _row_dots(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> torch.Tens
     for row in range(a.shape[0]):
         torch.dot(a[row], b[row], out=out[row])
     return out
+
+
+def _tail_p_log_p(logits: torch.Tensor, support_ids: torch.Tensor, cdt) -> torch.Tensor:
+    """``sum pi_j log pi_j`` over each row's tail, 0 where ``pi_j`` is 0 (a logit at -inf)."""
+    logp = torch.log_softmax(logits.to(cdt), -1)
+    terms = torch.where(logp > float("-inf"), logp.exp() * logp, 0.0)
+    return terms.scatter_(1, support_ids, 0.0).sum(-1)
 
 
 def _support_p_log_p(logp_support: torch.Tensor, support_ids: torch.Tensor) -> torch.Tensor:
@@ -338,8 +375,8 @@ def chunked_logits_pass(
     ``support_grad`` a duplicate slot's log-prob is differentiable like the first one's.
     """
     rows = rows_per_chunk(logits.shape[-1], chunk_size, logits.device)
-    fused = fused_kernels_serve(logits, chunk_size)
+    kernels = fused_kernels(logits, chunk_size)
     out = _ChunkedLogitsPass.apply(
-        logits, sampled, support_ids, rows, second_order, entropy, support_grad, fused
+        logits, sampled, support_ids, rows, second_order, entropy, support_grad, kernels
     )
     return LogitsPass(*out)

@@ -81,8 +81,8 @@ def _forward(
             slot += 1
             next_id = tl.load(sorted_base + slot, mask=slot < m_ids, other=beyond)
         et = tl.where(in_support, 0.0, e)
-        if ENTROPY:  # z = -inf past the row's end: e (z - new_max) would be 0 * -inf
-            ez = tl.where(cols < vocab, e * (z - new_max), 0.0)
+        if ENTROPY:  # z = -inf (past the row's end, or padding): e (z - new_max) is 0 * -inf
+            ez = tl.where(e > 0, e * (z - new_max), 0.0)
             shifted = scale * (shifted + (run_max - new_max) * total) + ez
         total = total * scale + e
         tail1 = tail1 * scale + et
@@ -124,7 +124,7 @@ def _backward(
     dense = tl.load(coef_ptr + row)
     if ENTROPY:  # a compile-time branch: the kernel without it reads no entropy gradient
         dense = dense - tl.load(grad_h_ptr + row) * z
-    grad = p * dense
+    grad = tl.where(p > 0, p * dense, 0.0)  # 0 at z = -inf, where g_H z is infinite
     y = tl.load(sampled_ptr + row)
     grad = grad + tl.where(cols == y, tl.load(grad_y_ptr + row), 0.0)
     out = grad_ptr + row * grad_stride + cols
@@ -137,7 +137,7 @@ def _m_pad(m: int) -> int:
 
 def statistics(logits, sampled, support_ids, second_order: bool, entropy: bool):
     """The pass's forward, float32: ``(logp_sampled, logp_support, tail_mass, tail_sq, tail_cube,
-    entropy, lse)`` for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``
+    entropy, lse, None)`` (no padded rows to report: the kernels guard every entry) for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``
     (``tail_cube`` and ``entropy`` None unless asked for)."""
     n, vocab = logits.shape
     m = support_ids.shape[1]
@@ -156,14 +156,14 @@ def statistics(logits, sampled, support_ids, second_order: bool, entropy: bool):
             lse, tail_sq if ent is None else ent,
             BLOCK=BLOCK, M_PAD=_m_pad(m), CUBE=second_order, ENTROPY=entropy, num_warps=WARPS,
         )  # fmt: skip
-    return logp_sampled, logp_support, tail, tail_sq, tail_cube, ent, lse
+    return logp_sampled, logp_support, tail, tail_sq, tail_cube, ent, lse, None
 
 
-def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g_h):
+def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g_h, padded=None):
     """The gradient of the pass's differentiable outputs, in the logits' dtype (contiguous: the
     logits' rows may be a strided view), from the upstream gradients of ``log pi(y)`` (``g_y``),
     ``log pi`` at the support (``g_s [N, M]``), the tail's mass (``g_t``) and the entropy
-    (``g_h``); any may be None. The same terms as ``logits_pass``'s chunked backward: a dense
+    (``g_h``); any may be None (``padded`` is not needed: the kernel guards every entry). The same terms as ``logits_pass``'s chunked backward: a dense
     ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, written by one kernel; where the
     support or the tail has a gradient, its sparse terms are added at the support ids in float32
     and each of those entries is written once more (rounded once, like every other entry)."""
@@ -186,34 +186,6 @@ def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g
         p_at = torch.exp(z_at - lse[:, None])
         value = sparse_entries(at, support_ids, sampled, p_at, z_at, coef, g_y, g_s, g_t, g_h)
         grad.scatter_(1, at, value.to(grad.dtype))  # duplicate ids write one value
-    return grad
-    zeros = torch.zeros(n, dtype=torch.float32, device=logits.device)
-    g_y = zeros if g_y is None else g_y.float().contiguous()
-    coef = -g_y  # every output's -g pi_j part, per row (see logits_pass's docstring)
-    if g_s is not None:
-        coef = coef - g_s.float().sum(-1)
-    if g_t is not None:
-        coef = coef + g_t.float() * (1 - tail_mass)
-    if g_h is not None:
-        coef = coef + g_h.float() * (lse - ent)
-    grid = (n, -(-vocab // BACKWARD_BLOCK))
-    _backward[grid](
-        logits, logits.stride(0), vocab, sampled.contiguous().long(), lse, coef.contiguous(),
-        g_y, zeros if g_h is None else g_h.float().contiguous(), grad, grad.stride(0),
-        BLOCK=BACKWARD_BLOCK, ENTROPY=g_h is not None, num_warps=WARPS,
-    )  # fmt: skip
-    if g_s is not None or g_t is not None:
-        ids = support_ids.long()
-        z_s = logits.gather(1, ids).float()
-        p_s = torch.exp(z_s - lse[:, None])
-        dense_s = coef[:, None] if g_h is None else coef[:, None] - g_h.float()[:, None] * z_s
-        value = p_s * dense_s + (ids == sampled[:, None]) * g_y[:, None]
-        if g_t is not None:  # the tail's dT/dz_j has pi_j only off the support
-            value = value - g_t.float()[:, None] * p_s
-        if g_s is not None:  # every slot holding this id adds its own gradient
-            same = ids[:, :, None] == ids[:, None, :]
-            value = value + (same * g_s.float()[:, None, :]).sum(-1)
-        grad.scatter_(1, ids, value.to(grad.dtype))  # duplicate ids write one value
     return grad
 
 
