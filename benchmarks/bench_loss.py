@@ -6,13 +6,14 @@ Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the log
   a) verl baseline: verl 0.9.1's own ``logprobs_from_logits`` (on CPU its log-softmax path) and
      ``compute_policy_loss_vanilla`` (clipped PPO), as a verl actor computes them;
   b) pdm-agg: ``pdmask.trust_region.policy_loss`` (top-20 stats, mask, loss, diagnostics);
-  c) fused log-prob + clip: pdmask's chunked log-prob pass without top-K (what b) costs without the
+  c) fused log-prob + clip: pdmask's log-prob pass without top-K (what b) costs without the
      trust-region statistics), to separate the statistics' cost from the log-prob kernel's;
   d) ent-bonus: pdm-agg plus an exact entropy bonus on the tokens it masks (the recipe needs
-     ``entropy``: the same chunked pass computes H(pi) and its gradient), for the cost of a
-     differentiable entropy; the share of masked tokens is printed, because only those rows pay
-     the entropy's backward (these random logits put every token out of region and mask about
-     half, far more than training does);
+     ``entropy``: the same logits pass computes H(pi) and its gradient), for the cost of a
+     differentiable entropy; the share of masked tokens is printed, because in the chunked pass
+     (small vocabularies, or no C++ compiler) only those rows pay the entropy's backward (these
+     random logits put every token out of region and mask about half, far more than training
+     does);
   d') ent-every-token: the same bonus on every token (verl's ``entropy_coeff`` form), the cost's
      upper bound;
   e) support-kl: pdm-agg's mask with an exact top-K KL built from the differentiable support
@@ -21,7 +22,11 @@ Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the log
      ``pdmask.trust_region.kernel``) from the lm head's input ``[N, d]`` and weight ``[V, d]``
      (bf16, d = --hidden, Qwen3-4B's 2560), then the pdm-gram mask: what the kernel-aware
      direction test costs (its ``W^T pi`` is one ``[N, V] x [V, d]`` product, the size of the lm
-     head's own forward). Its hidden states and weight are inputs, like the logits: not counted.
+     head's own forward). Its hidden states and weight are inputs, like the logits: not counted;
+  g) pdm-agg-chunked, ent-bonus-chunked: b) and d) on the logits pass's chunks of torch ops (a
+     chunk size of one row), what runs without a C++ compiler (from 32,768 columns on, CPU paths
+     otherwise run the kernels inductor compiles, ``trust_region.compiled_pass``; their
+     compilation happens in the warm-up, outside the measurement).
 
 Each path runs in its own subprocess so that its peak resident memory (``ru_maxrss``) is its own.
 "Extra memory" is the peak above the logits and their gradient (which every path must hold), as a
@@ -81,11 +86,12 @@ def make_path(path: str):
     def method(name: str, **params):
         return recipes[name].method(recipes[name].resolve_params(params)[0])
 
-    def policy_loss_path(chosen):
+    def policy_loss_path(chosen, chunk_size=None):
         def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
             out = policy_loss(
-                chosen, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15
-            )
+                chosen, logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask, delta=0.15,
+                chunk_size=chunk_size,
+            )  # fmt: skip
             run.masked_frac = out.metrics.get("masked_frac")
             return out.loss
 
@@ -93,6 +99,8 @@ def make_path(path: str):
 
     if path in ("pdm-agg", "ent-bonus"):
         return policy_loss_path(method(path, delta=0.15))
+    if path in ("pdm-agg-chunked", "ent-bonus-chunked"):  # the chunked pass, one row per chunk
+        return policy_loss_path(method(path.removesuffix("-chunked"), delta=0.15), chunk_size=1)
     if path == "ent-every-token":
         from dataclasses import replace
 
@@ -244,7 +252,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--paths",
-        default="verl,pdm-agg,fused-logprob,ent-bonus,ent-every-token,support-kl,pdm-gram",
+        default="verl,pdm-agg,fused-logprob,ent-bonus,ent-every-token,support-kl,pdm-gram,"
+        "pdm-agg-chunked,ent-bonus-chunked",
     )
     parser.add_argument(
         "--threads",
@@ -309,7 +318,7 @@ def main() -> None:
     # logits-sized buffer (seen on several paths, never reproduced in one process), so the worst
     # is stated beside the median.
     print(
-        f"{'path':>14} | {'time (s)':>8} | {'extra mem (MB)':>14} | {'worst (MB)':>10} | "
+        f"{'path':>17} | {'time (s)':>8} | {'extra mem (MB)':>14} | {'worst (MB)':>10} | "
         f"{'worst / logits':>14}"
     )
     med = {}
@@ -320,7 +329,7 @@ def main() -> None:
         logits_bytes = results[path][0]["logits_bytes"]
         med[path] = t
         print(
-            f"{path:>14} | {t:8.2f} | {extra / 1e6:14.1f} | {worst / 1e6:10.1f} | "
+            f"{path:>17} | {t:8.2f} | {extra / 1e6:14.1f} | {worst / 1e6:10.1f} | "
             f"{worst / logits_bytes:13.1%}"
         )
     if "verl" in med and "pdm-agg" in med:
@@ -329,6 +338,15 @@ def main() -> None:
         )
     if "fused-logprob" in med and "pdm-agg" in med:
         print(f"ratio pdm-agg / fused log-prob+clip : {med['pdm-agg'] / med['fused-logprob']:.3f}")
+    if "pdm-agg-chunked" in med and "pdm-agg" in med:
+        print(
+            f"ratio pdm-agg / its chunked pass     : {med['pdm-agg'] / med['pdm-agg-chunked']:.3f}"
+        )
+    if "pdm-agg-chunked" in med and "ent-bonus-chunked" in med:
+        ratio = med["ent-bonus-chunked"] / med["pdm-agg-chunked"]
+        print(
+            f"ratio ent-bonus / pdm-agg, chunked  : {ratio:.3f}  (the pass without a C++ compiler)"
+        )
     for extra_path in ("ent-bonus", "ent-every-token", "support-kl", "pdm-gram"):
         if extra_path in med and "pdm-agg" in med:
             masked = results[extra_path][0]["masked_frac"]

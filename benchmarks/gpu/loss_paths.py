@@ -12,7 +12,8 @@ Paths, all on the same inputs, interleaved:
   loop of log-softmaxes over the rows) and the same PPO loss;
 - ``pdm-agg``, ``pdm-uni``, ``dppo-topk-kl``: ``pdmask.trust_region.policy_loss`` with each
   recipe's method (top-20 statistics, mask, loss, diagnostics), as it runs by default: on a GPU
-  the fused Triton pass (``trust_region.triton_pass``), on CPU the chunked one;
+  the fused Triton pass (``trust_region.triton_pass``), on CPU the kernels inductor compiles
+  from 32,768 columns on (``trust_region.compiled_pass``), the chunked pass below that;
 - ``pdm-agg-chunked``: pdm-agg through the chunked torch pass at the device's default chunk (what
   a GPU ran before the fused pass, and runs when a chunk size is given).
 

@@ -15,7 +15,7 @@ wraps it, with the recipe's resolved parameters, in a :class:`RecipeBatch`:
   has ``A = 0`` or any other value.
 - **Gradients.** ``log_prob`` carries one (to the policy's logits), and so do ``entropy`` and
   ``support`` when the recipe lists them in ``needs`` (``"entropy"``, ``"support_log_probs"``;
-  None otherwise). All three are exact, from the same chunked pass over the logits. ``stats`` is
+  None otherwise). All three are exact, from the same pass over the logits (``logits_pass``). ``stats`` is
   detached on every backend: a loss built from ``stats.logp`` would train nothing.
 - **Read-only.** The tensors are the backend's own; a hook returns new tensors and never writes
   into these (no in-place ops on them).
