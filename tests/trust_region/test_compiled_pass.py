@@ -36,6 +36,7 @@ pytestmark = pytest.mark.skipif(
 )
 def test_the_compiled_pass_equals_float64_forward_and_backward(args, flags):
     assert_matches_float64(case(compiled_pass, *args, **flags))
+    assert compiled_pass.available(), compiled_pass._failure  # built, not the chunks' fallback
 
 
 def test_the_chunked_pass_equals_float64_on_a_padded_vocabulary():
