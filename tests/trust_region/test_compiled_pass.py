@@ -69,6 +69,12 @@ def _run(kernels, logits, sampled, support, entropy=True, support_grad=True):
     return [o.detach() for o in out if o is not None], x.grad
 
 
+def test_padded_rows_are_summed_again_a_block_of_rows_at_a_time(monkeypatch):
+    monkeypatch.setattr(compiled_pass, "_RERUN_ROWS", 4)  # 13 padded rows: blocks of 4, 4, 4, 1
+    flags = {"entropy": True, "support_grad": True, "padded": 96}
+    assert_matches_float64(case(compiled_pass, 8, 13, 3000, 8, torch.bfloat16, **flags))
+
+
 def test_the_callers_logits_are_left_bit_for_bit_and_unversioned():
     logits, sampled, support = _inputs()
     before = logits.clone()
