@@ -140,7 +140,8 @@ class _ChunkedLogitsPass(torch.autograd.Function):
         if entropy:
             padded = torch.isnan(ent)
             if padded.any():
-                ent[padded] = _tail_p_log_p(logits[padded], support_ids[padded], cdt)
+                for block in padded.nonzero().squeeze(1).split(rows):  # a chunk's worth at a time
+                    ent[block] = _tail_p_log_p(logits[block], support_ids[block], cdt)
                 ctx.padded_rows = padded
             ent.add_(_support_p_log_p(logp_support, support_ids)).neg_()
         # log pi_j = z_j - lse: every backward rebuilds pi_j = exp(z_j - lse) from it (from z_y,
