@@ -251,13 +251,15 @@ def _pdm_pass_against_float64(z, y, topk_ids, upstream) -> dict:
 
 def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None) -> dict:
     """``why_no_fused``: ``fused_kernel_status(device)``, asked once by the check."""
-    from pdmask.trust_region.logits_pass import fused_kernels_serve, rows_per_chunk
+    from pdmask.trust_region.logits_pass import fused_kernels, rows_per_chunk
 
     fused = why_no_fused is None
     x = make_inputs(size, device)
     logits_bytes = x["logits"].numel() * x["logits"].element_size()
     losses = loss_functions(fused, device, size.vocab)
-    pdm_pass = "fused" if fused_kernels_serve(x["logits"], None) else "chunked"
+    kernels = fused_kernels(x["logits"], None)  # Triton's ("fused"), inductor's, or the chunks
+    kernel_names = {"triton_pass": "fused", "compiled_pass": "compiled"}
+    pdm_pass = "chunked" if kernels is None else kernel_names[kernels.__name__.rsplit(".")[-1]]
 
     def backward_of(loss, **kw):
         return lambda: loss(x, **kw).backward()
