@@ -4,9 +4,9 @@ on a CPU at a real LLM's vocabulary.
 Why: the chunked pass is a dozen torch kernels per row on a CPU (a copy, a log-softmax, an
 exponential, reductions), each one more sweep over the row. Compiled, the forward is one loop
 nest per row (its maximum, then every sum in one sweep of ``exp``) and the backward one
-elementwise sweep that writes the gradient once: pdm-agg's forward and backward took 0.61 of the
-chunked pass's time at 151,936 columns, and a differentiable entropy costs one more
-multiply-add per element in each sweep instead of two to three more sweeps (benchmarks/README.md).
+elementwise sweep that writes the gradient once: pdm-agg's loss path took 0.65 of its time on the
+chunks at 151,936 columns, and a differentiable entropy costs one more multiply-add per element in
+each sweep instead of two to three more sweeps (1-4 % of the path; benchmarks/README.md).
 
 The tail's sums (over the ids *not* in the support) are summed directly, never as ``1 - sum over
 the support``: for the duration of the forward kernel, the support's logits are set to the
@@ -37,7 +37,7 @@ import torch
 
 # The first vocabulary size the compiled kernels serve on CPU: a real LLM's (Qwen3 151,936,
 # Llama 3 128,256, GPT-2 50,257). Below it compiling (seconds per process) costs more than the
-# chunked pass's extra sweeps save (0.2 ms per token at Qwen3's vocabulary, on one core).
+# chunked pass's extra sweeps save (0.15 ms per token at Qwen3's vocabulary, on one core).
 MIN_VOCAB = 2**15
 
 _failure: str | None = None  # why the kernels cannot be built in this process, once known
@@ -46,7 +46,7 @@ _failure: str | None = None  # why the kernels cannot be built in this process, 
 def available() -> bool:
     """Whether the kernels can be built here: no earlier failure and a C++ compiler on PATH."""
     global _failure
-    if _failure is None and shutil.which(_compiler()) is None:
+    if _failure is None and not _compiler_found(_compiler()):
         _failure = f"no C++ compiler {_compiler()!r} on PATH (inductor's cpp.cxx)"
     return _failure is None
 
@@ -55,6 +55,11 @@ def _compiler() -> str:
     from torch._inductor import config
 
     return config.cpp.cxx[-1]
+
+
+@functools.cache
+def _compiler_found(name: str) -> bool:  # asked once per name: every pass asks available()
+    return shutil.which(name) is not None
 
 
 def _give_up(error: BaseException) -> None:
@@ -73,7 +78,8 @@ def _tail_sums(z: torch.Tensor, *, entropy: bool, cube: bool, padded: bool):
     maximum, the shift used (the maximum, or float32's lowest where it is ``-inf``),
     and the sums of ``e = exp(z - shift)``, ``e**2``, ``e**3`` and ``e (z - shift)``, float32.
     ``e (z - shift)`` is ``0 * -inf`` (NaN) at a logit at ``-inf`` unless ``padded`` (rows of a
-    padded vocabulary, found by that NaN) asks for the guard, which costs every other row."""
+    padded vocabulary, found by that NaN) asks for the guard (on every element it had cost ~5 %
+    of pdm-agg's path, so only those rows take it)."""
     zf = z.float()
     peak = zf.amax(-1, keepdim=True)
     shift = peak.clamp_min(torch.finfo(torch.float32).min)
