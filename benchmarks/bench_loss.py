@@ -266,6 +266,9 @@ def main() -> None:
     if args._child:
         import torch
 
+        from pdmask.process_group import signal_when_parent_dies
+
+        signal_when_parent_dies()  # a stopped benchmark leaves no path running
         torch.set_num_threads(args.threads)
         result = run_one(
             args._child, args.tokens, args.vocab, args.topk, 0, args.inputs, args.hidden

@@ -29,8 +29,10 @@ GRACE_S = 10.0  # what a server gets to shut down cleanly before SIGKILL
 POLL_S = 0.2
 
 
-def _signal_when_parent_dies(sig: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the poll in `run` covers it
+def signal_when_parent_dies(sig: int = signal.SIGTERM) -> None:
+    """Have the kernel send this process ``sig`` when its parent dies, however it dies (Linux;
+    elsewhere a no-op: the guard's poll in ``run`` covers it). Usable as a ``preexec_fn``."""
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
@@ -90,7 +92,7 @@ def run(parent: int, command: list[str]) -> int:
     stop: list[int] = []
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda signum, _frame: stop.append(signum))
-    _signal_when_parent_dies(signal.SIGTERM)
+    signal_when_parent_dies(signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before the line above took effect
         return 0
     child = subprocess.Popen(command)

@@ -18,7 +18,6 @@ trials to it as Ray Jobs exactly as to a cluster, and stops it when the sweep en
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import signal
@@ -32,6 +31,7 @@ from pathlib import Path
 from pdmask.errors import ConfigError
 from pdmask.loopback import LOOPBACK, free_ports
 from pdmask.orchestration.local_ray import LOOPBACK_ENV, RAY_ENV
+from pdmask.process_group import signal_when_parent_dies
 
 LOGICAL_CPUS = 16  # verl's transfer queue and agent loops hold one logical CPU per actor
 OBJECT_STORE_BYTES = 512 * 1024 * 1024
@@ -104,12 +104,6 @@ def stop_tree(pid: int, grace_s: float = 10.0) -> None:
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
-
-
-def _die_with_parent() -> None:
-    """In the head's process: SIGTERM when pdmask's process dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 class _PortTaken(Exception):
@@ -193,7 +187,7 @@ class LocalRayHead:
                 # directory (Hydra's outputs/) goes away with the head, not into the project.
                 cwd=self.folder,
                 start_new_session=True,  # its own session: stopped as a whole, by PID
-                preexec_fn=_die_with_parent,
+                preexec_fn=signal_when_parent_dies,  # SIGTERM when pdmask's process dies
             )
         self.address = f"http://{LOOPBACK}:{ports['--dashboard-port']}"
         self.log(
