@@ -258,8 +258,7 @@ def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None
     logits_bytes = x["logits"].numel() * x["logits"].element_size()
     losses = loss_functions(fused, device, size.vocab)
     kernels = fused_kernels(x["logits"], None)  # Triton's ("fused"), inductor's, or the chunks
-    kernel_names = {"triton_pass": "fused", "compiled_pass": "compiled"}
-    pdm_pass = "chunked" if kernels is None else kernel_names[kernels.__name__.rsplit(".")[-1]]
+    pdm_pass = "chunked" if kernels is None else kernels.NAME
 
     def backward_of(loss, **kw):
         return lambda: loss(x, **kw).backward()

@@ -35,10 +35,13 @@ import warnings
 
 import torch
 
+from .logits_pass import first_slots, sparse_entries, upstream
+
 # The first vocabulary size the compiled kernels serve on CPU: a real LLM's (Qwen3 151,936,
 # Llama 3 128,256, GPT-2 50,257). Below it compiling (seconds per process) costs more than the
 # chunked pass's extra sweeps save (0.15 ms per token at Qwen3's vocabulary, on one core).
 MIN_VOCAB = 2**15
+NAME = "compiled"  # how benchmarks and reports name the pass these kernels make
 
 _failure: str | None = None  # why the kernels cannot be built in this process, once known
 
@@ -204,12 +207,8 @@ def statistics(logits, sampled, support_ids, second_order: bool, entropy: bool):
             None if t is None else t.masked_fill(empty, 0.0) for t in (s_t, sq_t, cube_t, ez_t)
         )
     z_s = z_s.float()
-    # each distinct support id once (a duplicate slot repeats an id already counted)
-    m = ids.shape[1]
-    earlier = torch.ones(m, m, dtype=torch.bool, device=ids.device).tril(-1)
-    first = ~((ids[:, :, None] == ids[:, None, :]) & earlier).any(-1)
-    top = torch.maximum(peak, z_s.amax(-1)) if m else peak
-    e_s = torch.exp(z_s - top[:, None]) * first
+    top = torch.maximum(peak, z_s.amax(-1)) if ids.shape[1] else peak
+    e_s = torch.exp(z_s - top[:, None]) * first_slots(ids)  # each distinct support id once
     w = torch.exp(shift - top)  # the tail's sums rescaled from its shift to the row's maximum
     total = s_t * w + e_s.sum(-1)
     lse = top + total.log()
@@ -235,8 +234,6 @@ def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g
     ``pi_j (c - g_H z_j)`` by the compiled kernel, then the exact entries at the sampled id (and
     the support ids where they carry a gradient), each rounded once. ``padded``: the forward's
     rows with a logit at ``-inf``. None where the kernel cannot be built."""
-    from .logits_pass import sparse_entries, upstream
-
     if not logits.shape[0]:
         return torch.empty_like(logits)
     g_y, g_s, g_t, g_h, coef = upstream(g_y, g_s, g_t, g_h, tail_mass, ent, lse, lse)

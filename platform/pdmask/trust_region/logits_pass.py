@@ -322,13 +322,18 @@ def _tail_p_log_p(logits: torch.Tensor, support_ids: torch.Tensor, cdt) -> torch
     return terms.scatter_(1, support_ids, 0.0).sum(-1)
 
 
-def _support_p_log_p(logp_support: torch.Tensor, support_ids: torch.Tensor) -> torch.Tensor:
-    """``sum pi_s log pi_s`` over each row's distinct support ids (a duplicate slot counts once)."""
+def first_slots(support_ids: torch.Tensor) -> torch.Tensor:
+    """``[N, M]`` bool: each slot that holds its id for the first time in its row (a duplicate
+    slot repeats an id already counted)."""
     m = support_ids.shape[1]
     earlier = torch.ones(m, m, dtype=torch.bool, device=support_ids.device).tril(-1)
-    repeated = ((support_ids[:, :, None] == support_ids[:, None, :]) & earlier).any(-1)
+    return ~((support_ids[:, :, None] == support_ids[:, None, :]) & earlier).any(-1)
+
+
+def _support_p_log_p(logp_support: torch.Tensor, support_ids: torch.Tensor) -> torch.Tensor:
+    """``sum pi_s log pi_s`` over each row's distinct support ids (a duplicate slot counts once)."""
     terms = torch.special.xlogy(logp_support.exp(), logp_support.exp())
-    return terms.where(~repeated, 0.0).sum(-1)
+    return terms.where(first_slots(support_ids), 0.0).sum(-1)
 
 
 def _probs(z: torch.Tensor, lse: torch.Tensor, buffer: torch.Tensor) -> torch.Tensor:

@@ -37,6 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
+NAME = "fused"  # how benchmarks and reports name the pass these kernels make
 BLOCK = 2048  # columns per step: 8 per thread at 8 warps
 WARPS = 8
 BACKWARD_BLOCK = 4096
@@ -137,8 +138,9 @@ def _m_pad(m: int) -> int:
 
 def statistics(logits, sampled, support_ids, second_order: bool, entropy: bool):
     """The pass's forward, float32: ``(logp_sampled, logp_support, tail_mass, tail_sq, tail_cube,
-    entropy, lse, None)`` (no padded rows to report: the kernels guard every entry) for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids [N, M]``
-    (``tail_cube`` and ``entropy`` None unless asked for)."""
+    entropy, lse, None)`` for contiguous-row ``logits [N, V]``, ``sampled [N]``, ``support_ids
+    [N, M]`` (``tail_cube`` and ``entropy`` None unless asked for; no padded rows to report:
+    the kernels guard every entry)."""
     n, vocab = logits.shape
     m = support_ids.shape[1]
     f32 = dict(dtype=torch.float32, device=logits.device)
@@ -163,7 +165,8 @@ def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g
     """The gradient of the pass's differentiable outputs, in the logits' dtype (contiguous: the
     logits' rows may be a strided view), from the upstream gradients of ``log pi(y)`` (``g_y``),
     ``log pi`` at the support (``g_s [N, M]``), the tail's mass (``g_t``) and the entropy
-    (``g_h``); any may be None (``padded`` is not needed: the kernel guards every entry). The same terms as ``logits_pass``'s chunked backward: a dense
+    (``g_h``); any may be None (``padded`` is not needed: the kernel guards every entry). The
+    same terms as ``logits_pass``'s chunked backward: a dense
     ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, written by one kernel; where the
     support or the tail has a gradient, its sparse terms are added at the support ids in float32
     and each of those entries is written once more (rounded once, like every other entry)."""
