@@ -117,6 +117,9 @@ class TrialCost(BaseModel):
     gpu_hours: float
     running_disk_gb: float = Field(description="Checkpoint bytes while the trial runs (peak).")
     finished_disk_gb: float = Field(description="Checkpoint bytes it keeps after `pdm clean`.")
+    uncleaned_disk_gb: float = Field(
+        description="What verl leaves when nothing cleans: its kept saves."
+    )
     collective_timeout_s: int
 
 
@@ -178,5 +181,6 @@ def trial_cost(
         gpu_hours=round(gpus * total / 3600, 1),
         running_disk_gb=round((workload.checkpoints_kept + 1) * one_save / GB, 1),
         finished_disk_gb=round(total_params * kept / GB, 1),
+        uncleaned_disk_gb=round(workload.checkpoints_kept * one_save / GB, 1),
         collective_timeout_s=collective_timeout(model, workload.hf_weights),
     )
