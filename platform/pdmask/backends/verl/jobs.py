@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from pdmask.backends.interface import submission_id
+from pdmask.backends.verl.collectives import TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
@@ -75,9 +76,6 @@ def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
 STALL_STEPS = 4
 STALL_FLOOR_SECONDS = 600.0
 AIME_PROBLEMS_PER_YEAR = 30  # AIME I + II, 15 problems each: the validation prompts per source
-# Where the job's collective timeout reaches verl's workers (``collectives.py``): verl 0.9.1
-# declares ``actor_rollout_ref.nccl_timeout`` but its engine workers never read it.
-COLLECTIVE_TIMEOUT_ENV = "PDM_COLLECTIVE_TIMEOUT_S"
 
 
 def workload(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Workload:
@@ -171,6 +169,11 @@ def _model_path(trial: Trial, settings: JobSettings) -> str:
     return hub_id
 
 
+def checkpoint_root(settings: JobSettings) -> Path:
+    """Where the trials' verl checkpoints go: ``<root>/<sweep>/<trial hash>``."""
+    return Path(settings.checkpoint_dir or state_dir() / "checkpoints" / "verl")
+
+
 def _data_files(settings: JobSettings, cluster: str) -> dict[str, Path]:
     if on_cpu(cluster):  # the tiny model's own task (tiny_task), built with it
         from pdmask.backends.verl.tiny_model import built_files
@@ -225,7 +228,7 @@ def _trial_extra(
     """Everything beyond the method: data, reward, setup, model placement, seed, steps."""
     model = MODELS[trial.model]
     files = _data_files(settings, cluster)
-    checkpoints = settings.checkpoint_dir or state_dir() / "checkpoints" / "verl"
+    checkpoints = checkpoint_root(settings)
     seed = trial.seed
     rollout = layout(trial, cluster, setup)
     extra: dict[str, Any] = {
@@ -389,6 +392,7 @@ def job_env_vars(
             "PDM_SUBMISSION_ID": sid,
             "PYTHONUNBUFFERED": "1",  # the log tail of a failed job ends where it failed
             "HYDRA_FULL_ERROR": "1",  # a config error shows its whole cause in the tail
+            # verl 0.9.1 reads no `nccl_timeout`: the plugin passes this on (collectives.py)
             COLLECTIVE_TIMEOUT_ENV: str(
                 collective_timeout(
                     trial.model, CLUSTERS[cluster].finished_checkpoint == "hf-weights"
