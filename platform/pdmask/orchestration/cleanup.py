@@ -114,7 +114,10 @@ def _cluster_checkpoints(root: Path, client) -> list[Leftover]:
     from pdmask.tracking.runs import runs_by_hash
 
     out = []
-    for sweep in _subfolders(root, root):
+    if root.is_symlink() or not root.is_dir():
+        return out
+    sweeps = sorted(p for p in root.iterdir() if _inside_state(p, root))
+    for sweep in sweeps:
         experiment = client.get_experiment_by_name(sweep.name) if client else None
         runs = runs_by_hash(client, experiment.experiment_id) if experiment else {}
         for trial in _subfolders(sweep, root):
