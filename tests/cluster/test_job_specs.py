@@ -141,8 +141,10 @@ def test_verl_validates_every_method_and_precision(dry_run):
                 "vanilla" if method == "grpo-clip-higher" else method.replace("-", "_")
             )
             assert (rollout.quantization == "fp8") == (precision != "bf16")
-            tp = {"bf16": 1, "fp8-e2e": 4, "fp8-rollout": 4}[precision]  # 4B, or 30B
+            # 4B, or the 30B at the TP its expert width allows in block-128 FP8
+            tp = {"bf16": 1, "fp8-e2e": 2, "fp8-rollout": 2}[precision]
             assert rollout.tensor_model_parallel_size == tp
+            assert config.actor_rollout_ref.nccl_timeout >= 1800
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +224,21 @@ def test_recipe_parameters_reach_verl_and_bad_ones_are_all_reported(registry):
         (bad_grpo.run_name(), "params.ratio_cap"),
         (no_delta.run_name(), "delta"),
     }
+
+
+def test_every_job_carries_the_layout_its_engine_rules_derive(dry_run):
+    """The 30B FP8 cells get TP 2 (vLLM 0.24.0 refuses 768 / 4 = 192 per rank in block-128 FP8);
+    each job states its layout, checkpoint plan and the collective timeout sized to a save."""
+    plan, _ = dry_run
+    assert plan["disk"]["peak_gb"] > plan["disk"]["finished_gb"] > 0
+    for row in plan["trials"]:
+        job, kv = row["job"], _kv(row["job"]["overrides"])
+        tp = {"qwen3-4b-base": 1, "qwen3-8b-base": 2, "qwen3-30b-a3b-base": 2}[row["model"]]
+        assert kv["actor_rollout_ref.rollout.tensor_model_parallel_size"] == str(tp)
+        assert job["engine"]["tensor_parallel"] == tp and not job["engine"]["expert_parallel"]
+        assert job["engine"]["replicas"] * tp == job["resources"]["gpus"]
+        timeout = job["checkpoints"]["collective_timeout_s"]
+        assert kv["actor_rollout_ref.nccl_timeout"] == str(timeout) and timeout >= 1800
+        assert job["runtime_env"]["env_vars"]["PDM_COLLECTIVE_TIMEOUT_S"] == str(timeout)
+        assert row["cost_basis"] == "estimate" and row["step_seconds"] > 0
+        assert row["disk_running_gb"] == job["checkpoints"]["running_gb"] > 0

@@ -13,10 +13,13 @@ import subprocess
 import sys
 import threading
 
-from pdmask.backends.verl.jobs import STALL_FLOOR_SECONDS, STALL_STEPS, watchdog_bounds
+import pytest
+
+from pdmask.backends.verl.jobs import STALL_FLOOR_SECONDS, STALL_STEPS, watchdog_bounds, workload
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.backends.verl.watchdog import JobWatchdog
-from pdmask.registry import CLUSTERS, MODELS
+from pdmask.registry import CLUSTERS
+from pdmask.registry.cost import trial_cost
 from pdmask.watchdog import WATCHDOG_ENV, WATCHDOG_TAG, Bounds
 
 
@@ -78,10 +81,13 @@ def test_bounds_travel_in_the_job_env():
 def test_bounds_follow_the_profile_and_the_models_step_time():
     class Trial:
         model = "qwen3-30b-a3b-base"
+        steps = None
 
     bounds = watchdog_bounds(Trial, "h20x32")
-    step = MODELS["qwen3-30b-a3b-base"].gpu_needs["H20"].seconds_per_step
-    assert bounds.stall_seconds == max(STALL_FLOOR_SECONDS, STALL_STEPS * step) > 600
+    cost = trial_cost(Trial.model, "h20x32", workload(Trial, "h20x32"))
+    one_save = cost.save_seconds / 15  # 300 steps, a save every 20
+    assert bounds.stall_seconds == pytest.approx(STALL_STEPS * cost.step_seconds + one_save)
+    assert bounds.stall_seconds > STALL_FLOOR_SECONDS
     assert bounds.startup_seconds == CLUSTERS["h20x32"].job_startup_seconds
     Trial.model = "qwen3-tiny"
     tiny = watchdog_bounds(Trial, "this-machine")

@@ -140,7 +140,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     from pdmask.api import plan
     from pdmask.console import console, print_json, table
     from pdmask.registry import CLUSTERS, load_registry, plan_rows
-    from pdmask.registry.plan import TABLE_ROWS, concurrent_trials, grouped_rows
+    from pdmask.registry.plan import TABLE_ROWS, concurrent_trials, disk_need, grouped_rows
     from pdmask.tracking.store import redact
 
     reg = load_registry()
@@ -153,15 +153,19 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     status_of = _status_lookup(
         options.tracking_uri, sweep.name, claims=not isinstance(backend, SubmitsJobs)
     )
-    rows = plan_rows(trials, cluster, status_of)
     specs = None
     if isinstance(backend, SubmitsJobs):  # the cluster job each trial would be submitted as
         specs = backend.job_specs(
             reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri
         )
+    workloads, measured = _costs_of(specs, trials, options.tracking_uri)
+    rows = plan_rows(trials, cluster, status_of, workloads, measured)
+    disk = disk_need(rows, cluster)
     left_out = reg.left_out(name, backend=options.backend)
     if as_json:
         data = {"sweep": sweep.name, "cluster": cluster, "trials": [r.model_dump() for r in rows]}
+        data["disk"] = disk.model_dump()
+        data["cost_basis"] = COST_BASIS
         data["left_out"] = [
             {"reason": reason, "trials": lo.trials, "methods": lo.methods}
             for reason, lo in left_out.items()
@@ -186,6 +190,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
         "seed",
         "resources",
         "GPU-h",
+        "s/step",
         "status",
     ]
     body = [  # built only for a plan short enough to list trial by trial
@@ -198,6 +203,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
             r.seed,
             r.resources,
             f"{r.est_gpu_hours:g}",
+            _step_cell(r),
             r.status,
         ]
         for r in rows[: TABLE_ROWS + 1]
@@ -220,6 +226,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
         f"on cluster {cluster} ({CLUSTERS[cluster].gpus} GPUs): about {total:,.0f} GPU-hours, "
         f"{fit} trial(s) fit at once (estimates)"
     )
+    _print_basis(out, rows, disk, specs, trials)
     for reason, lo in left_out.items():
         methods = f" (method {', '.join(lo.methods)})" if lo.methods else ""
         out.print(f"left out on backend {backend}: {lo.trials} trial(s), {reason}{methods}")
@@ -231,6 +238,91 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     if specs is not None:
         for t, spec in zip(trials, specs, strict=True):
             out.print(f"\n[bold]{t.run_name()}[/bold] ({t.trial_hash})")
-            out.print(f"  entrypoint: {spec['entrypoint']}")
+            # no markup: rich would read `[console,mlflow]` as a tag and print `trainer.logger=`
+            out.print(f"  entrypoint: {spec['entrypoint']}", markup=False)
             out.print(f"  runtime_env: {redact(str(spec['runtime_env']))}")  # no passwords
             out.print(f"  resources: {spec['resources']}")
+            if "engine" in spec:
+                out.print(f"  engine: {spec['engine']}", markup=False)
+                out.print(f"  checkpoints: {spec['checkpoints']}", markup=False)
+
+
+COST_BASIS = (
+    "GPU-hours = GPUs x (steps x step + validations + start-up + saves) / 3600. Step (estimate): "
+    "8 x N_active x training tokens + 2 x N_active x generated tokens over GPU peak x MFU, "
+    "calibrated on verl's published H20 step times (registry/cost.py); (measured): the median "
+    "`timing_s/step` of runs of the same model, precision and resources; (catalog): hand-set. "
+    "Retries are not included."
+)
+
+
+def _costs_of(specs, trials, tracking_uri):
+    """Each job's workload and, once runs of its cell reported, its measured step, by trial
+    hash (a store that cannot be read leaves every step estimated)."""
+    from pdmask.registry.cost import Workload
+
+    workloads = {
+        spec["trial_hash"]: Workload(**spec["workload"])
+        for spec in specs or []
+        if "workload" in spec
+    }
+    if not workloads:
+        return workloads, {}
+    from pdmask.tracking.step_times import StepTimes, resources_tag
+
+    try:
+        times = StepTimes.read(tracking_uri)
+    except Exception:  # an unreachable server: the plan is still a plan, estimated
+        times = StepTimes()
+    measured = {}
+    by_hash = {t.trial_hash: t for t in trials}
+    for spec in specs:
+        res, trial = spec["resources"], by_hash[spec["trial_hash"]]
+        tag = resources_tag(res["nodes"], res["gpus_per_node"], res["gpu_kind"])
+        found = times.seconds(trial.model, trial.precision, tag)
+        if found is not None:
+            measured[trial.trial_hash] = found.seconds
+    return workloads, measured
+
+
+def _step_cell(row) -> str:
+    return "-" if row.step_seconds is None else f"{row.step_seconds:,.0f} ({row.cost_basis})"
+
+
+def _print_basis(out, rows, disk, specs, trials) -> None:
+    """How the cost was reached, what the checkpoint root needs, each setting's engine layout."""
+    from collections import Counter
+
+    bases = Counter(r.cost_basis for r in rows)
+    out.print(
+        "step time per trial: " + ", ".join(f"{n} {basis}" for basis, n in sorted(bases.items()))
+    )
+    out.print(f"cost basis: {COST_BASIS}", markup=False, soft_wrap=True)
+    if not specs or "checkpoints" not in specs[0]:
+        return
+    out.print(
+        f"checkpoint root: {_tb(disk.peak_gb)} at the peak (every trial finished and cleaned, "
+        f"the largest set running at once holding its saves), {_tb(disk.finished_gb)} once all "
+        f"finished and `pdm clean` ran, {_tb(disk.uncleaned_gb)} if nothing is cleaned",
+        soft_wrap=True,
+    )
+    seen = set()
+    for trial, spec in zip(trials, specs, strict=True):
+        cell = (trial.model, trial.precision)
+        if cell in seen:
+            continue
+        seen.add(cell)
+        e, c = spec["engine"], spec["checkpoints"]
+        ep = " + expert parallel" if e["expert_parallel"] else ""
+        out.print(
+            f"{trial.model} {trial.precision}: vLLM TP {e['tensor_parallel']}{ep} x "
+            f"{e['replicas']} replicas ({e['why']}); save {c['save_gb']:,.0f} GB x {c['saves']}, "
+            f"{c['running_gb']:,.0f} GB while running, keeps {c['finished_keeps']} "
+            f"({c['finished_gb']:,.0f} GB); collective timeout {c['collective_timeout_s']} s",
+            markup=False,
+            soft_wrap=True,
+        )
+
+
+def _tb(gb: float) -> str:
+    return f"{gb / 1000:,.1f} TB" if gb >= 1000 else f"{gb:,.0f} GB"

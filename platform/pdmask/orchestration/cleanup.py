@@ -16,10 +16,18 @@ Three kinds of leftovers pile up there, and each is removed only when nothing ca
 - **Tune folders**: each invocation's experiment folder under ``<state>/ray_results/``
   (``runner.py`` names it ``<sweep>-<time>-<pid>``), unless that pid is alive or it changed
   recently.
+- **cluster checkpoints**: VeRL trials' saves under the checkpoint root
+  (``PDM_VERL_CHECKPOINT_DIR``, else ``<state>/checkpoints/verl``:
+  ``<root>/<sweep>/<trial hash>/global_step_<n>/actor/``), by the same rule as the state
+  folder's: only a trial all of whose runs in this store are FINISHED (nothing of a RUNNING,
+  KILLED or FAILED run, nor of a trial this store has no run of). Such a trial keeps its last
+  save's weights, the retention of ``registry/cost.py``: its HF weights where the save wrote
+  them (``huggingface/*.safetensors``), else its model shards; its optimizer state and extra
+  state, and every older save, go (verl resumes from them, and a finished trial never resumes).
 
-Nothing outside the state folder is touched: a candidate that is a symlink, or that resolves to
-a path outside the state folder, is never a candidate. ``shutil.rmtree`` does not follow links
-inside a folder.
+Nothing outside the state folder and the checkpoint root is touched: a candidate that is a
+symlink, or that resolves to a path outside them, is never a candidate. ``shutil.rmtree`` does
+not follow links inside a folder.
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ from pdmask.paths import ray_temp_dir, state_dir, tune_results_dir
 
 RECENT_S = 600  # a session or Tune folder changed this recently may belong to a starting sweep
 CHECKPOINT, RAY_SESSION, TUNE = "checkpoint", "ray session", "tune folder"
+CLUSTER_CHECKPOINT = "cluster checkpoint"
+STEP_PREFIX = "global_step_"  # verl's save folders (checkpoint_manager.find_latest_ckpt_path)
+# verl 0.9.1 FSDP shards (fsdp_checkpoint_manager.py): what only a resume reads
+RESUME_ONLY = ("optim_world_size_", "extra_state_world_size_")
+MODEL_SHARDS = "model_world_size_"
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,8 @@ class Leftover:
     note: str  # what it belongs to
     kept: str | None = None  # why it stays; None: removable
     trial_hash: str | None = None
+    # a trial's cluster checkpoint: what goes (the rest of ``path`` stays); None: all of it
+    prune: tuple[Path, ...] | None = None
 
 
 def human_size(size: float) -> str:
@@ -71,6 +86,56 @@ def _tree(path: Path) -> tuple[int, float]:
             size += st.st_size if name in files else 0
             newest = max(newest, st.st_mtime)
     return size, newest
+
+
+def _prunable(trial: Path, root: Path) -> list[Path]:
+    """What a finished trial's folder holds beyond its last save's weights."""
+    steps = sorted(
+        (p for p in _subfolders(trial, root) if p.name.startswith(STEP_PREFIX)),
+        key=lambda p: int(p.name.removeprefix(STEP_PREFIX) or 0),
+    )
+    if not steps:
+        return []
+    out = steps[:-1]
+    actor = steps[-1] / "actor"
+    if _inside_state(actor, root):
+        hf_weights = any((actor / "huggingface").glob("*.safetensors"))
+        gone = RESUME_ONLY + ((MODEL_SHARDS,) if hf_weights else ())
+        out += sorted(p for p in actor.iterdir() if p.is_file() and p.name.startswith(gone))
+    return out
+
+
+def _size(path: Path) -> int:
+    return _tree(path)[0] if path.is_dir() else path.lstat().st_size
+
+
+def _cluster_checkpoints(root: Path, client) -> list[Leftover]:
+    """Each trial folder under the checkpoint root: what its last save does not need."""
+    from pdmask.tracking.runs import runs_by_hash
+
+    out = []
+    if root.is_symlink() or not root.is_dir():
+        return out
+    sweeps = sorted(p for p in root.iterdir() if _inside_state(p, root))
+    for sweep in sweeps:
+        experiment = client.get_experiment_by_name(sweep.name) if client else None
+        runs = runs_by_hash(client, experiment.experiment_id) if experiment else {}
+        for trial in _subfolders(sweep, root):
+            statuses = sorted({r.info.status for r in runs.get(trial.name, [])})
+            kept = None
+            if not statuses:
+                kept = "no run of this trial in this store"
+            elif statuses != ["FINISHED"]:
+                kept = (
+                    f"run {', '.join(s for s in statuses if s != 'FINISHED')} (resumable from it)"
+                )
+            prune = tuple(_prunable(trial, root))
+            if kept is None and not prune:
+                continue  # nothing left to free
+            size = sum(_size(p) for p in prune)
+            note = f"{sweep.name}/{trial.name[:12]}: last save's weights stay"
+            out.append(Leftover(CLUSTER_CHECKPOINT, trial, size, note, kept, None, prune))
+    return out
 
 
 def _inside_state(path: Path, state: Path) -> bool:
@@ -189,8 +254,11 @@ def _tune_folders(state: Path, now: float) -> list[Leftover]:
     return out
 
 
-def find_leftovers(tracking_uri: str | None = None) -> list[Leftover]:
-    """Every folder `pdm clean` considers, removable or kept (with why). Writes nothing."""
+def find_leftovers(
+    tracking_uri: str | None = None, checkpoint_root: Path | None = None
+) -> list[Leftover]:
+    """Every folder `pdm clean` considers, removable or kept (with why). Writes nothing.
+    ``checkpoint_root``: the cluster checkpoint root (the VeRL backend's; None: not looked at)."""
     from pdmask.tracking.store import open_client, redact, resolve_tracking_uri, sqlite_path
 
     state = state_dir().resolve()
@@ -203,6 +271,7 @@ def find_leftovers(tracking_uri: str | None = None) -> list[Leftover]:
         *_checkpoints(state, client, redact(uri)),
         *_sessions(state, now),
         *_tune_folders(state, now),
+        *(_cluster_checkpoints(checkpoint_root.resolve(), client) if checkpoint_root else []),
     ]
 
 
@@ -212,6 +281,14 @@ def remove(leftovers: list[Leftover]) -> int:
     state = state_dir().resolve()
     freed = 0
     for item in leftovers:
+        if item.kept is None and item.prune is not None:
+            for path in item.prune:  # each inside its trial's folder, found without links
+                if path.is_symlink() or not path.resolve().is_relative_to(item.path.resolve()):
+                    continue
+                size = _size(path)
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+                freed += size
+            continue
         if item.kept is not None or not _inside_state(item.path, state):
             continue
         if item.trial_hash is not None:

@@ -68,6 +68,7 @@ from pdmask.orchestration.runner import SweepOutcome, settle, unfinished
 from pdmask.registry import CLUSTERS, Trial
 from pdmask.tracking import TrialRun, runs_by_hash
 from pdmask.tracking.runs import take_watchdog_reason, with_retry
+from pdmask.tracking.step_times import resources_tag
 from pdmask.tracking.store import redact
 
 FINISHED_BY_TAG = "pdm.finished_by"
@@ -361,7 +362,9 @@ class JobRunner:
         for key, value in {
             "pdm.ray_job": sid,
             "pdm.ray_address": self.cluster.address,
-            "pdm.verl.resources": f"{res['nodes']}x{res['gpus_per_node']} {res['gpu_kind']}",
+            "pdm.verl.resources": resources_tag(
+                res["nodes"], res["gpus_per_node"], res["gpu_kind"]
+            ),
         }.items():
             with_retry(lambda k=key, v=value: self.client.set_tag(run.run_id, k, v))
         job.attempts.add(attempt)

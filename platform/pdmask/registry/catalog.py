@@ -1,7 +1,10 @@
 """The fixed catalog: models, precisions and cluster profiles, typed and documented.
 
-Numbers marked *estimate* are planning defaults (GPU-hours, how many trials fit at once), not
-measurements; override them per sweep when you know your cluster's throughput.
+Numbers marked *estimate* are planning defaults, not measurements. A model's shapes are its
+published ``config.json`` values (``model_shape.py``); from them the engine rules derive its
+rollout layout (``engine_rules.py``) and the cost model its step time and checkpoint size
+(``cost.py``); measured step times replace the estimate once trials report (``pdm sweep
+--dry-run``).
 """
 
 from __future__ import annotations
@@ -9,6 +12,8 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from pdmask.registry.model_shape import ModelShape
 
 
 class GpuNeed(BaseModel):
@@ -18,7 +23,9 @@ class GpuNeed(BaseModel):
 
     gpus: int = Field(description="GPUs per trial (all on whole nodes when > gpus_per_node).")
     seconds_per_step: float = Field(
-        description="Wall seconds per RL step at the paper's batch (*estimate*)."
+        description="Wall seconds per RL step, set by hand (*estimate*): the fallback of a model "
+        "with no shapes or a backend with no workload; `cost.py` derives the step time of the "
+        "others from their shapes."
     )
 
 
@@ -45,7 +52,17 @@ class ModelSpec(BaseModel):
         description="Active parameters per token, billions (MoE < total)."
     )
     gpu_needs: dict[str, GpuNeed] = Field(description="Per GPU kind (H20, H100, H200).")
-    rollout_tp: int = Field(description="vLLM tensor-parallel size for rollout.")
+    shape: ModelShape | None = Field(
+        None,
+        description="The model's `config.json` shapes; None for a model pdmask builds itself "
+        "(its rollout TP is then `rollout_tp` as set, unchecked).",
+    )
+    rollout_tp: int | None = Field(
+        None,
+        description="Preferred vLLM tensor-parallel size for rollout (throughput); the engine "
+        "rules check it per precision and GPU and pick the nearest size vLLM accepts "
+        "(`engine_rules.rollout_layout`). None: the smallest size vLLM accepts.",
+    )
     ulysses_sp: int = Field(1, description="Ulysses sequence-parallel size for the actor.")
     param_offload: bool = Field(False, description="FSDP parameter offload for the actor.")
     sim_stand_in: str = Field(
@@ -87,6 +104,15 @@ class ClusterProfile(BaseModel):
         "before its watchdog ends it as stalled (`backends/verl/watchdog.py`).",
     )
 
+    finished_checkpoint: Literal["last-weights", "hf-weights"] = Field(
+        "last-weights",
+        description="What a FINISHED trial keeps on the checkpoint root once `pdm clean` ran "
+        "(a running trial keeps verl's saves whole: optimizer state is what resumes it): "
+        "`last-weights`, its last save's model shards and HF config (`verl.model_merger` turns "
+        "them into HF weights); `hf-weights`, only HF weights, which every save then also "
+        "writes (`hf_model`: 2 bytes a parameter more per save).",
+    )
+
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
@@ -101,6 +127,12 @@ def _needs(
     }
 
 
+_SOURCE = (
+    "{hub} config.json: the values NVIDIA NeMo's {cls} (nemo/collections/llm/gpt/model/qwen3.py) "
+    "and the model card give; max_position_embeddings 32768 is the Base models' (the post-trained "
+    "ones say 40960)"
+)
+
 MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
@@ -109,6 +141,18 @@ MODELS: dict[str, ModelSpec] = {
             label="Qwen3-4B",
             hub_id="Qwen/Qwen3-4B-Base",
             logits_width=151_936,
+            shape=ModelShape(
+                hidden_size=2560,
+                num_layers=36,
+                num_attention_heads=32,
+                num_kv_heads=8,
+                head_dim=128,
+                intermediate_size=9728,
+                vocab_size=151_936,
+                tie_word_embeddings=True,
+                max_position_embeddings=32_768,
+                source=_SOURCE.format(hub="Qwen/Qwen3-4B-Base", cls="Qwen3Config4B"),
+            ),
             params_total_b=4.0,
             params_active_b=4.0,
             gpu_needs=_needs((8, 420.0), (8, 200.0), (8, 170.0)),
@@ -120,6 +164,18 @@ MODELS: dict[str, ModelSpec] = {
             label="Qwen3-8B",
             hub_id="Qwen/Qwen3-8B-Base",
             logits_width=151_936,
+            shape=ModelShape(
+                hidden_size=4096,
+                num_layers=36,
+                num_attention_heads=32,
+                num_kv_heads=8,
+                head_dim=128,
+                intermediate_size=12_288,
+                vocab_size=151_936,
+                tie_word_embeddings=False,
+                max_position_embeddings=32_768,
+                source=_SOURCE.format(hub="Qwen/Qwen3-8B-Base", cls="Qwen3Config8B"),
+            ),
             params_total_b=8.2,
             params_active_b=8.2,
             gpu_needs=_needs((8, 650.0), (8, 300.0), (8, 260.0)),
@@ -131,6 +187,21 @@ MODELS: dict[str, ModelSpec] = {
             label="Qwen3-30B-A3B",
             hub_id="Qwen/Qwen3-30B-A3B-Base",
             logits_width=151_936,
+            shape=ModelShape(
+                hidden_size=2048,
+                num_layers=48,
+                num_attention_heads=32,
+                num_kv_heads=4,
+                head_dim=128,
+                intermediate_size=6144,
+                vocab_size=151_936,
+                tie_word_embeddings=False,
+                max_position_embeddings=32_768,
+                num_experts=128,
+                num_experts_per_tok=8,
+                moe_intermediate_size=768,
+                source=_SOURCE.format(hub="Qwen/Qwen3-30B-A3B-Base", cls="Qwen3Config30B_A3B"),
+            ),
             params_total_b=30.5,
             params_active_b=3.3,
             gpu_needs=_needs((16, 720.0), (16, 330.0), (8, 420.0)),

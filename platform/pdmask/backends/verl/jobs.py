@@ -12,7 +12,12 @@ A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``
   submission ``MLFLOW_RUN_ID``, and the trial's recipe file itself, as planned (``file_recipes``:
   a new baseline is one file in ``recipes/``, on a cluster too);
 - ``resources``: nodes, GPUs per node, GPUs, GPU kind (what admission control reserves);
-- ``submission_id``: ``pdm-<sweep>-<trial hash>-a<attempt>`` (the dry run shows attempt 1).
+- ``submission_id``: ``pdm-<sweep>-<trial hash>-a<attempt>`` (the dry run shows attempt 1);
+- ``engine``: the vLLM rollout layout the engine rules derive from the model's shapes
+  (``registry/engine_rules.py``: tensor and expert parallelism, replicas, why);
+- ``workload``: what the trial computes and saves, in the cost model's terms
+  (``registry/cost.py``), and ``checkpoints``: the save's bytes, what a running and a finished
+  trial hold on the checkpoint root, and the collective timeout sized to a save.
 
 Precisions on verl 0.9.1 (``overrides.py`` has the details): ``bf16`` and ``fp8-rollout`` are what
 the paper ran; ``fp8-e2e`` is FP8 rollout weights plus an FP8 KV cache with bf16 training, because
@@ -27,11 +32,14 @@ from pathlib import Path
 from typing import Any
 
 from pdmask.backends.interface import submission_id
+from pdmask.backends.verl.collectives import TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
 from pdmask.paths import state_dir
 from pdmask.registry import CLUSTERS, MODELS, PRECISIONS, Sweep, Trial
+from pdmask.registry.cost import Workload, collective_timeout, save_bytes, trial_cost
+from pdmask.registry.engine_rules import EngineRefusal, Layout, rollout_layout
 from pdmask.registry.plan import DEFAULT_VERL_STEPS
 
 REWARD_MODULE = "pkg://pdmask.backends.verl.rewards"
@@ -64,9 +72,47 @@ def trial_resources(trial: Trial, cluster: str) -> dict[str, Any]:
 
 
 # A job's watchdog (watchdog.py) ends it after this long without a finished step or validation:
-# a few of the model's steps (estimated per GPU kind in the catalog), never under ten minutes.
+# a few of the model's steps (the cost model's estimate, a save included), never under ten minutes.
 STALL_STEPS = 4
 STALL_FLOOR_SECONDS = 600.0
+AIME_PROBLEMS_PER_YEAR = 30  # AIME I + II, 15 problems each: the validation prompts per source
+
+
+def workload(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Workload:
+    """What the trial's job computes and saves, in the cost model's terms."""
+    setup = setup or setup_for(cluster)
+    if on_cpu(cluster):
+        val_prompts = 0  # the tiny task's: its cost is the catalog's measured step time
+    else:
+        from pdmask.backends.verl.data import VAL_DATA_SOURCES
+
+        val_prompts = AIME_PROBLEMS_PER_YEAR * len(VAL_DATA_SOURCES)
+    return Workload(
+        prompts=setup.train_batch_size,
+        group_size=setup.group_size,
+        steps=trial.steps or DEFAULT_VERL_STEPS,
+        val_prompts=val_prompts,
+        val_samples=setup.val_samples,
+        test_freq=setup.test_freq,
+        save_freq=setup.save_freq,
+        checkpoints_kept=setup.checkpoints_kept,
+        hf_weights=CLUSTERS[cluster].finished_checkpoint == "hf-weights",
+    )
+
+
+def layout(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Layout:
+    """The trial's vLLM rollout layout (raises ValidationFailed naming each broken rule)."""
+    setup = setup or setup_for(cluster)
+    try:
+        return rollout_layout(
+            trial.model,
+            trial.precision,
+            cluster,
+            gpu_memory_utilization=setup.gpu_memory_utilization,
+        )
+    except EngineRefusal as err:
+        where = f"trial {trial.run_name()} ({trial.trial_hash})"
+        raise ValidationFailed([Problem(where, "engine rules", str(err))]) from None
 
 
 def watchdog_bounds(trial: Trial, cluster: str, settings: JobSettings | None = None):
@@ -76,11 +122,13 @@ def watchdog_bounds(trial: Trial, cluster: str, settings: JobSettings | None = N
 
     settings = settings or JobSettings()
     profile = CLUSTERS[cluster]
-    need = MODELS[trial.model].gpu_needs[profile.gpu_kind]
+    load = workload(trial, cluster)
+    cost = trial_cost(trial.model, cluster, load)
+    one_save = cost.save_seconds / math.ceil(load.steps / load.save_freq)
     return Bounds(
         startup_seconds=settings.startup_seconds or profile.job_startup_seconds,
         stall_seconds=settings.stall_seconds
-        or max(STALL_FLOOR_SECONDS, STALL_STEPS * need.seconds_per_step),
+        or max(STALL_FLOOR_SECONDS, STALL_STEPS * cost.step_seconds + one_save),
     )
 
 
@@ -119,6 +167,11 @@ def _model_path(trial: Trial, settings: JobSettings) -> str:
     if settings.model_root:
         return f"{settings.model_root.rstrip('/')}/{hub_id.split('/')[-1]}"
     return hub_id
+
+
+def checkpoint_root(settings: JobSettings) -> Path:
+    """Where the trials' verl checkpoints go: ``<root>/<sweep>/<trial hash>``."""
+    return Path(settings.checkpoint_dir or state_dir() / "checkpoints" / "verl")
 
 
 def _data_files(settings: JobSettings, cluster: str) -> dict[str, Path]:
@@ -175,8 +228,9 @@ def _trial_extra(
     """Everything beyond the method: data, reward, setup, model placement, seed, steps."""
     model = MODELS[trial.model]
     files = _data_files(settings, cluster)
-    checkpoints = settings.checkpoint_dir or state_dir() / "checkpoints" / "verl"
+    checkpoints = checkpoint_root(settings)
     seed = trial.seed
+    rollout = layout(trial, cluster, setup)
     extra: dict[str, Any] = {
         "data.train_files": str(files["train"]),
         "data.val_files": str(files["val"]),
@@ -189,7 +243,7 @@ def _trial_extra(
         "reward.custom_reward_function.path": REWARD_MODULE,
         "reward.custom_reward_function.name": REWARD_FUNCTION,
         f"{_R}.n": setup.group_size,
-        f"{_R}.tensor_model_parallel_size": model.rollout_tp,
+        f"{_R}.tensor_model_parallel_size": rollout.tp,
         f"{_R}.gpu_memory_utilization": setup.gpu_memory_utilization,
         f"{_R}.seed": seed,
         f"{_R}.val_kwargs.n": setup.val_samples,
@@ -225,11 +279,25 @@ def _trial_extra(
         # workers run, are eligible (on a CPU profile: the node with the logical GPU).
         f"+{TQ_NODE_RESOURCE}": "GPU",
     }
+    extra.update(_engine_and_checkpoint_keys(trial, cluster, rollout))
     if on_cpu(cluster):
         from pdmask.backends.verl.cpu_profile import CPU_OVERRIDES
 
         extra.update(CPU_OVERRIDES)
     return extra
+
+
+def _engine_and_checkpoint_keys(trial: Trial, cluster: str, rollout: Layout) -> dict[str, Any]:
+    """Expert parallelism (verl: EP = TP x DP, DP 1), what a save writes, the collective
+    timeout sized to a save (``registry/cost.py``)."""
+    keys: dict[str, Any] = {}
+    if rollout.expert_parallel:
+        keys[f"{_R}.expert_parallel_size"] = rollout.tp
+    hf_weights = CLUSTERS[cluster].finished_checkpoint == "hf-weights"
+    if hf_weights:
+        keys[f"{_A}.checkpoint.save_contents"] = ["model", "optimizer", "extra", "hf_model"]
+    keys["actor_rollout_ref.nccl_timeout"] = collective_timeout(trial.model, hf_weights)
+    return keys
 
 
 def file_recipe_of(trial: Trial, registry=None):
@@ -324,6 +392,12 @@ def job_env_vars(
             "PDM_SUBMISSION_ID": sid,
             "PYTHONUNBUFFERED": "1",  # the log tail of a failed job ends where it failed
             "HYDRA_FULL_ERROR": "1",  # a config error shows its whole cause in the tail
+            # verl 0.9.1 reads no `nccl_timeout`: the plugin passes this on (collectives.py)
+            COLLECTIVE_TIMEOUT_ENV: str(
+                collective_timeout(
+                    trial.model, CLUSTERS[cluster].finished_checkpoint == "hf-weights"
+                )
+            ),
         }
     )
     return env
@@ -349,6 +423,7 @@ def job_spec(
     elif problems:
         raise ValidationFailed(problems)
     sid = submission_id(sweep.name, trial.trial_hash, attempt)
+    load = workload(trial, cluster)
     env = job_env_vars(
         trial,
         tracking_uri=tracking_uri,
@@ -368,6 +443,9 @@ def job_spec(
         "overrides": overrides,
         "runtime_env": {"env_vars": env},
         "resources": trial_resources(trial, cluster),
+        "engine": layout(trial, cluster).as_dict(),
+        "workload": load.model_dump(),
+        "checkpoints": _checkpoint_plan(trial, cluster, load),
         "precision": PRECISIONS[trial.precision].verl,
         "mlflow": {
             "tracking_uri": tracking_uri,
@@ -375,6 +453,18 @@ def job_spec(
             "run": run_id or "pre-created with the trial's tags at submission (MLFLOW_RUN_ID)",
             "tags": trial.tags(),
         },
+    }
+
+
+def _checkpoint_plan(trial: Trial, cluster: str, load: Workload) -> dict[str, Any]:
+    cost = trial_cost(trial.model, cluster, load)
+    return {
+        "save_gb": round(save_bytes(trial.model, load.hf_weights) / 1e9, 1),
+        "saves": math.ceil(load.steps / load.save_freq),
+        "running_gb": cost.running_disk_gb,
+        "finished_keeps": CLUSTERS[cluster].finished_checkpoint,
+        "finished_gb": cost.finished_disk_gb,
+        "collective_timeout_s": cost.collective_timeout_s,
     }
 
 

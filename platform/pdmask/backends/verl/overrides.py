@@ -31,6 +31,7 @@ from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_M
 from pdmask.backends.verl.loss_names import MU_SOURCES
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.registry.catalog import PRECISIONS as CATALOG_PRECISIONS
+from pdmask.registry.engine_rules import ROLLOUT_NUMERICS
 
 PRECISIONS = tuple(CATALOG_PRECISIONS)
 PLUGIN_MODULE = "pdmask.backends.verl.plugin"
@@ -191,10 +192,11 @@ def verl_overrides(
         o[f"{_R}.agent.default_agent_loop"] = AGENT_LOOP
         if topk > VLLM_DEFAULT_MAX_LOGPROBS:
             o[f"+{_R}.engine_kwargs.vllm.max_logprobs"] = topk
-    if precision in ("fp8-rollout", "fp8-e2e"):
+    numerics = ROLLOUT_NUMERICS[precision]  # what the precision asks of vLLM: one home
+    if numerics.weights == "fp8":
         o[f"{_R}.quantization"] = "fp8"
-    if precision == "fp8-e2e":
-        o[f"+{_R}.engine_kwargs.vllm.kv_cache_dtype"] = "fp8"
+    if numerics.kv_cache != "auto":
+        o[f"+{_R}.engine_kwargs.vllm.kv_cache_dtype"] = numerics.kv_cache
 
     by_name = {key.lstrip("+"): key for key in o}
     for key, value in (extra or {}).items():

@@ -82,11 +82,16 @@ def _register_replica() -> None:
     RolloutReplicaRegistry.register("vllm", _load_topk_vllm)
 
 
+def _size_collectives() -> None:
+    importlib.import_module("pdmask.backends.verl.collectives").apply()
+
+
 # verl module whose import completes a registry -> what pdmask then registers into it.
 DEFERRED: dict[str, Callable[[], None]] = {
     "verl.trainer.ppo.v1.trainer_base": _register_trainer,
     "verl.experimental.agent_loop.agent_loop": _register_agent_loop,
     "verl.workers.rollout.replica": _register_replica,
+    "verl.workers.engine_workers": _size_collectives,  # the job's collective timeout
 }
 
 
