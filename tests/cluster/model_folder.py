@@ -25,5 +25,7 @@ def tiny_model_folder(folder: Path, shard: str | None = None) -> Path:
     model.save_pretrained(folder, **({"max_shard_size": shard} if shard else {}))
     vocab = {f"t{i}": i for i in range(63)} | {"<unk>": 63}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>").save_pretrained(folder)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="<unk>", pad_token="<unk>", eos_token="<unk>"
+    ).save_pretrained(folder)
     return folder
