@@ -20,8 +20,6 @@ import importlib.util
 import json
 import shutil
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -213,29 +211,6 @@ def test_free_space_against_the_plans_need(tmp_path):
 
 
 # --- the Hub ----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def hub():
-    """The Hub's model API on loopback: one model exists."""
-
-    class Hub(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            known = self.path == "/api/models/Qwen/Qwen3-4B-Base"
-            body = json.dumps({"id": "Qwen/Qwen3-4B-Base"} if known else {"error": "no"})
-            self.send_response(200 if known else 404)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body.encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def test_the_hub_answers_for_every_model_or_the_check_fails(hub, monkeypatch):

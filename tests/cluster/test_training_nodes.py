@@ -19,10 +19,6 @@ probes' decision functions in ``test_probe_rules.py`` and is GPU-unverified.
 
 from __future__ import annotations
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import pytest
 
 from pdmask.backends.verl.jobs_setup import JobSettings
@@ -40,27 +36,6 @@ pytestmark = [pytest.mark.verl, pytest.mark.slow, pytest.mark.processes]
 def cluster():
     with site(head_gpus=1, worker_gpus=1, open_head=False) as s:
         yield s
-
-
-@pytest.fixture
-def hub():
-    """The Hub's model API on loopback, where the nodes (this machine) reach it."""
-
-    class Hub(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802 (http.server's name)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(json.dumps({"id": self.path.removeprefix("/api/models/")}).encode())
-
-        def log_message(self, *args):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
 
 
 def spec_for(cluster_profile: str, site_, tmp_path, **fields) -> CheckSpec:
