@@ -32,7 +32,9 @@ from typing import Any
 
 from pdmask.errors import ConfigError, Problem
 
-CHECK_TIMEOUT_S = 240.0  # the job's start on a busy head, plus ROUND_TIMEOUT_S per round
+# The job's start on a busy head, plus ROUND_TIMEOUT_S for each of its rounds (the probes, the
+# share seen from each node, the clean-up, the all-reduce's master, the all-reduce).
+CHECK_TIMEOUT_S = 600.0
 POLL_S = 0.3
 SUBMISSION_PREFIX = "pdmcheck-"
 QUIET_LOGGERS = (

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import quote, urlsplit, urlunsplit
 
-HTTP_TIMEOUT_S = 5.0
+HTTP_TIMEOUT_S = 15.0  # an MLflow server or the Hub answering a loaded node, not a dead one
 HUB = "https://huggingface.co"
 
 
@@ -263,8 +263,11 @@ def check_hub(models: list[str], endpoint: str | None) -> dict:
                 json.load(response)
         except urllib.error.HTTPError as err:
             failed.append(f"{model} (HTTP {err.code})")
-        except (OSError, ValueError) as err:
+        except ValueError as err:
+            failed.append(f"{model} (not the Hub's JSON: {err})")
+        except OSError as err:  # the Hub not reached at all: the other models would not be
             failed.append(f"{model} ({getattr(err, 'reason', None) or err})")
+            break
     if failed:
         return result(False, f"{base} does not serve " + ", ".join(failed) + " to this node", fix)
     return result(True, f"{base} serves {len(models)} model(s)")
