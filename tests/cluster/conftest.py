@@ -1,4 +1,5 @@
-"""A real Ray head on loopback for Ray Jobs tests, a scratch project, and `pdm` in a subprocess.
+"""A real Ray head on loopback for Ray Jobs tests, a scratch project, `pdm` in a subprocess, and a
+stand-in for the Hugging Face Hub's model API (``hub``).
 
 The head is started with ``ray start --head --block`` in its own session, with its own temporary
 folder and free ports (several engineers' heads may share the machine), and fake GPUs: Ray takes
@@ -10,14 +11,17 @@ SIGKILL. Never ``ray stop``: that would stop every Ray on the machine.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -173,3 +177,27 @@ def sweep_runs(project: Path, sweep: str) -> dict[str, object]:
     for r in runs:
         out.setdefault(r.data.tags["pdm.trial_hash"], []).append(r)
     return out
+
+
+@pytest.fixture
+def hub():
+    """The Hugging Face Hub's model API on loopback, where this machine's Ray nodes reach it too:
+    one model exists (``Qwen/Qwen3-4B-Base``), every other is a 404."""
+
+    class Hub(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            known = self.path == "/api/models/Qwen/Qwen3-4B-Base"
+            body = json.dumps({"id": "Qwen/Qwen3-4B-Base"} if known else {"error": "no"})
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()

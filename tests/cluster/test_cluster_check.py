@@ -5,11 +5,14 @@ authentication (head + a second ``ray start --address`` with its own temporary f
 only), a one-node head without authentication, and a real ``mlflow server`` on 127.0.0.1.
 
 - ``pdm cluster check`` prints one row per node, every check passing, with the token read from a
-  file; and catches, on each node, an unreachable tracking server, a checkpoint root that cannot
-  be written (a file), missing data and a version mismatch (the expected version is the
-  injectable ``CheckSpec.versions``: one machine has one install), and a checkpoint root that is
-  writable on every node but not shared (a relative path, which each node resolves in its own
-  working folder: the two nodes' folders differ, as two machines' disks would);
+  file (no node has a GPU here: the training-node probes are ``test_training_nodes.py``'s); and
+  catches, on each node, an unreachable tracking server, a checkpoint root that cannot be
+  written (a file), a share without the room the plan needs, missing data, an empty model
+  folder, a Hub that does not answer, another pdmask source (the expected version is the
+  injectable ``CheckSpec.versions``: one machine has one install), each named with its fix; and
+  a checkpoint root that is writable on every node but not shared (a relative path, which each
+  node resolves in its own working folder: the two nodes' folders differ, as two machines'
+  disks would);
 - ``pdm sweep`` to an address refuses a sqlite store, an unset checkpoint root and unset data
   (exit 2, all at once, nothing submitted), and runs the cluster check before submitting: a node
   that cannot write the checkpoint root stops it (exit 2, node and check named, no job, no run);
@@ -21,13 +24,16 @@ from __future__ import annotations
 
 import io
 import re
+import shutil
 import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from pdmask.orchestration.cluster_probe import CHECKS
 from tests.cluster.conftest import env_for, pdm_cmd
+from tests.cluster.model_folder import tiny_model_folder
 from tests.cluster.two_node import site
 
 pytest.importorskip("verl")
@@ -61,7 +67,10 @@ def shared(tmp_path: Path, project: Path) -> dict[str, str]:
     data.mkdir()
     for name in ("dapo_math_train.parquet", "aime_val.parquet"):
         (data / name).write_bytes(b"PAR1")
-    (tmp_path / "models" / "Qwen3-4B-Base").mkdir(parents=True)  # the sweep's model
+    # every model of the h20x32 profile, complete (a small one under each name)
+    first = tiny_model_folder(tmp_path / "models" / "Qwen3-4B-Base")
+    for name in ("Qwen3-8B-Base", "Qwen3-30B-A3B-Base"):
+        shutil.copytree(first, tmp_path / "models" / name)
     return {
         "PDM_DATA_DIR": str(data),
         "PDM_VERL_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
@@ -112,7 +121,7 @@ def test_the_check_passes_on_every_node_with_the_token_from_a_file(cluster, proj
     assert code == 0, out
     rows = ROW.findall(out)
     assert sorted(role for role, _ in rows) == ["head", "worker"], out
-    assert all(cells.split() == ["ok"] * 5 for _, cells in rows), out
+    assert all(cells.split() == ["ok"] * len(CHECKS) for _, cells in rows), out
     assert "shared by 2 node(s)" in out and "every check passed on all 2 node(s)" in out
     assert list(Path(shared["PDM_VERL_CHECKPOINT_DIR"]).iterdir()) == []  # its files removed
 
@@ -128,27 +137,37 @@ def test_the_check_names_each_failing_check_on_each_node(cluster, tmp_path, monk
         closed = s.getsockname()[1]
     not_a_folder = tmp_path / "a-file"
     not_a_folder.write_text("")
+    empty = tmp_path / "models" / "Qwen3-4B-Base"
+    empty.mkdir(parents=True)
+    stale = "0.1.0 (source 000000000000)"  # another commit of pdmask, or local edits
     spec = CheckSpec(
         tracking_uri=f"http://127.0.0.1:{closed}",
         checkpoint_root=str(not_a_folder),
+        checkpoint_need_bytes=shutil.disk_usage(tmp_path).total * 2,
         data_files=(str(tmp_path / "missing.parquet"),),
-        model_root=str(tmp_path),
-        versions={**submitter_versions(), "pdmask": "0.0.0+elsewhere"},
+        model_root=str(tmp_path / "models"),
+        model_paths=(str(empty),),
+        hub_models=("Qwen/Qwen3-4B-Base",),
+        hub_endpoint=f"http://127.0.0.1:{closed}",
+        versions={**submitter_versions(), "pdmask": stale},
     )
     report = run_check(cluster.address, spec)
-    failed = {(p.file, p.field) for p in report.problems()}
+    failing = ("tracking", "checkpoints", "space", "data", "models", "hub", "versions")
     assert len(report.nodes) == 2
     for node in report.nodes:
-        for check in ("tracking", "checkpoints", "data", "versions"):
-            assert (f"node {node.name}", check) in failed
-        assert node.checks["models"]["ok"]
+        assert node.failed() == list(failing), node.checks
         here = submitter_versions()["pdmask"]
-        assert f"pdmask {here} (submitter: 0.0.0+elsewhere)" in node.checks["versions"]["detail"]
+        assert f"pdmask {here} (expected: {stale})" in node.checks["versions"]["detail"]
         assert "cannot write under" in node.checks["checkpoints"]["detail"]
+        assert f"{empty}: no config.json" in node.checks["models"]["detail"]
+        assert all(node.checks[c]["fix"] for c in failing)
+    problems = {(p.file, p.field): p.message for p in report.problems()}
+    assert len(problems) == 2 * len(failing) and all("Fix: " in m for m in problems.values())
     shown = io.StringIO()
     render(report, Console(file=shown, width=300))
     lines = [x for x in shown.getvalue().splitlines() if x.startswith("FAILED node")]
-    assert len(lines) == 8 and all(n.node_id[:8] in "".join(lines) for n in report.nodes)
+    assert len(lines) == 2 * len(failing)
+    assert all(n.node_id[:8] in "".join(lines) for n in report.nodes)
 
     # Writable on each node, but each node's own folder: not shared.
     apart = run_check(cluster.address, CheckSpec(cluster.tracking_uri, checkpoint_root="ckpt"))

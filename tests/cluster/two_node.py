@@ -225,13 +225,20 @@ class Site:
 
 
 @contextlib.contextmanager
-def site(head_cpus: int = 1, worker_cpus: int = 1, worker_gpus: int = 0, open_head: bool = True):
-    """The cluster (a ``head_cpus`` head and a ``worker_cpus`` / ``worker_gpus`` node), the
-    tracking server and, with ``open_head``, a one-node head without authentication."""
+def site(
+    head_cpus: int = 1,
+    worker_cpus: int = 1,
+    worker_gpus: int = 0,
+    open_head: bool = True,
+    head_gpus: int = 0,
+):
+    """The cluster (a ``head_cpus`` / ``head_gpus`` head and a ``worker_cpus`` / ``worker_gpus``
+    node; GPUs are logical), the tracking server and, with ``open_head``, a one-node head
+    without authentication."""
     token = "pdm-test-" + secrets.token_hex(16)
     started: list[Started] = []
     try:
-        head = start_head(token, num_cpus=head_cpus)
+        head = start_head(token, num_cpus=head_cpus, num_gpus=head_gpus)
         started.append(head)
         unauthenticated = start_head(None) if open_head else None
         if unauthenticated:

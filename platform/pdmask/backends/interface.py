@@ -115,7 +115,9 @@ class JobBatch(Protocol):
     def node_inputs(self) -> dict[str, Any]:
         """What every node must reach, as ``pdm cluster check`` checks it from each node:
         ``checkpoint_root``, ``data_files``, ``model_root``, ``model_paths``,
-        ``data_built_here``."""
+        ``data_built_here``; optionally ``hub_models``, ``checkpoint_need_bytes``, ``versions``
+        (package -> pinned version, on every node) and ``training`` (what a node running the
+        jobs' workers must have: ``orchestration/cluster_check.py`` ``CheckSpec``)."""
         ...
 
     def prepare(self, log: Callable[[str], None]) -> None:

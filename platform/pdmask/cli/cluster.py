@@ -1,9 +1,12 @@
-"""`pdm cluster check --address URL`: what a cluster's jobs must share, checked from every node.
+"""`pdm cluster check --address URL`: what a cluster's jobs need, checked from every node.
 
 Runs one small Ray job on the cluster whose tasks, one pinned to each alive node, check from that
 node: the tracking server answers, the checkpoint root can be written and read back and is the
-same folder on every node, the data files exist, the model root exists, and pdmask, verl and vllm
-are the submitter's versions (``orchestration/cluster_check.py``). Prints a row per node.
+same folder on every node, the data files exist, the profile's model folders are complete (or
+the Hub answers), pdmask is the submitter's source and verl the pinned version; and on the nodes
+with GPUs: the driver runs the wheels' CUDA, the GPUs match the profile, the jobs' attention
+imports, vLLM, torch and flash-attn are the pinned versions, and an all-reduce across those nodes
+works (``orchestration/cluster_check.py``). Prints a row per node.
 
 Exit codes: 0 every check passed on every node; 1 some check failed (each named with its node);
 2 the check could not run (no address, an address that does not answer, an unauthenticated job
@@ -50,8 +53,8 @@ def check(
     cluster: Annotated[
         _choices.Cluster | None,
         typer.Option(
-            help="Cluster profile whose jobs' inputs are checked (the CPU profile reads the tiny "
-            "task pdm builds). Default: h20x32's (the prepared data in PDM_DATA_DIR)."
+            help="Cluster profile whose jobs' needs are checked: its models, GPUs per node and "
+            "memory (the CPU profile reads the tiny task pdm builds). Default: h20x32's."
         ),
     ] = None,
     ray_token_file: RayTokenFile = None,
@@ -59,9 +62,10 @@ def check(
     json: Json = False,
     state_dir: StateDir = None,
 ) -> None:
-    """Check, from every alive node, the tracking server, the checkpoint root, data, models and
-    versions the cluster's jobs need (exit 1 naming node and check when one fails; exit 2 when
-    the check cannot run: no address, or a job API without authentication and no --insecure).
+    """Check, from every alive node, the tracking server, the checkpoint root, data, models,
+    versions and, on GPU nodes, driver, GPUs, attention and an all-reduce (exit 1 naming node,
+    check and fix when one fails; exit 2 when the check cannot run: no address, or a job API
+    without authentication and no --insecure).
 
     Reads the same settings as `pdm sweep --backend verl`: PDM_VERL_CHECKPOINT_DIR, PDM_DATA_DIR,
     PDM_MODEL_ROOT, and the tracking URI.

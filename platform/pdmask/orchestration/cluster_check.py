@@ -1,16 +1,20 @@
-"""`pdm cluster check`: prove, from every alive node of a cluster, what its jobs must share.
+"""`pdm cluster check`: prove, from every alive node of a cluster, what its jobs need there.
 
 Settings can look right on the submitting machine and still be wrong where the jobs run: a
 tracking server behind a firewall, a checkpoint root that is a local disk on each node, data
-copied to one node only, another pdmask on the image. The check submits one small Ray job
-(``cluster_probe.py``, shipped as its working directory, so it needs nothing on the cluster but
-Ray) whose driver runs a zero-CPU task pinned to every alive node, and reads the per-node results
-back from the job's log. ``pdm sweep`` to a cluster address runs it before the first submission
-(``--skip-cluster-check`` skips it, explicitly).
+copied to one node only, a half-downloaded model, another pdmask commit on the image, a driver
+too old for the CUDA the wheels are built for, no flash-attn. The check submits one small Ray job
+(``cluster_probe.py`` and its siblings, shipped as its working directory, so it needs nothing on
+the cluster but Ray) whose driver runs a zero-CPU task pinned to every alive node, and reads the
+per-node results back from the job's log. ``pdm sweep`` to a cluster address runs it before the
+first submission (``--skip-cluster-check`` skips it, explicitly).
 
-The expected versions are the submitter's own (``submitter_versions``); ``CheckSpec.versions`` is
-a plain field so that a test can expect another version and see the mismatch caught, which one
-machine's single install cannot show otherwise.
+What the nodes are checked against comes from the backend (``JobBatch.node_inputs``: paths, the
+packages it pins, what a training node needs) and from this machine: pdmask's own version and
+source digest, and the version of any package the backend leaves unpinned (None). A package
+neither pins nor has here must be the same on every node. ``CheckSpec`` is a plain dataclass, so
+a test can expect another version and see the mismatch caught, which one machine's single
+install cannot show otherwise.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from typing import Any
 
 from pdmask.errors import ConfigError, Problem
 
-PACKAGES = ("pdmask", "verl", "vllm")
-CHECK_TIMEOUT_S = 240.0  # the job's start on a busy head, plus ROUND_TIMEOUT_S per round
+# The job's start on a busy head, plus ROUND_TIMEOUT_S for each of its rounds (the probes, the
+# share seen from each node, the clean-up, the all-reduce's master, the all-reduce).
+CHECK_TIMEOUT_S = 600.0
 POLL_S = 0.3
 SUBMISSION_PREFIX = "pdmcheck-"
 QUIET_LOGGERS = (
@@ -38,16 +43,28 @@ QUIET_LOGGERS = (
 )  # not "pdm-": never mistaken for a sweep's trial job
 
 
-def submitter_versions() -> dict[str, str | None]:
-    """pdmask, verl and vllm as installed here (None: not installed, then not compared)."""
-    from pdmask.orchestration.cluster_probe import installed
+def expected_versions(pins: dict[str, str | None]) -> dict[str, str | None]:
+    """Each package's expected version: its pin, else this machine's install (pdmask's with its
+    source digest), else None (then the nodes must agree with each other)."""
+    from pdmask.orchestration.cluster_probe import node_version
 
-    return {name: installed(name) for name in PACKAGES}
+    return {name: want if want is not None else node_version(name) for name, want in pins.items()}
+
+
+def submitter_versions() -> dict[str, str | None]:
+    """pdmask as installed here, with the digest of its sources."""
+    return expected_versions({"pdmask": None})
 
 
 @dataclass(frozen=True)
 class CheckSpec:
-    """What every node checks; paths as the nodes see them."""
+    """What every node checks; paths as the nodes see them.
+
+    ``checkpoint_need_bytes``: what the sweep writes to the checkpoint share (None: not checked);
+    ``hub_models``: the Hub ids the jobs download (no model root); ``hub_endpoint``: None for
+    each node's own ``HF_ENDPOINT`` or the Hub; ``versions``: expected on every node;
+    ``training``: what a node with the training resource must have (``backends/verl/
+    node_requirements.py: training_nodes``; None: no training-node checks)."""
 
     tracking_uri: str
     checkpoint_root: str | None
@@ -55,18 +72,30 @@ class CheckSpec:
     model_root: str | None = None
     model_paths: tuple[str, ...] = ()
     versions: dict[str, str | None] = field(default_factory=submitter_versions)
+    checkpoint_need_bytes: int | None = None
+    hub_models: tuple[str, ...] = ()
+    hub_endpoint: str | None = None
+    training: dict[str, Any] | None = None
 
     @classmethod
     def of(cls, tracking_uri: str, inputs: dict[str, Any], **overrides) -> CheckSpec:
-        """From a backend's ``shared_inputs`` (``backends/verl/site_inputs.py``)."""
-        return cls(
-            tracking_uri=tracking_uri,
-            checkpoint_root=inputs["checkpoint_root"],
-            data_files=tuple(inputs["data_files"]),
-            model_root=inputs["model_root"],
-            model_paths=tuple(inputs["model_paths"]),
-            **overrides,
-        )
+        """From a backend's ``node_inputs`` (``backends/verl/site_inputs.py``); the keys past
+        ``model_paths`` are optional."""
+        training = inputs.get("training")
+        if training is not None:
+            training = {**training, "packages": expected_versions(training["packages"])}
+        fields = {
+            "tracking_uri": tracking_uri,
+            "checkpoint_root": inputs["checkpoint_root"],
+            "data_files": tuple(inputs["data_files"]),
+            "model_root": inputs["model_root"],
+            "model_paths": tuple(inputs["model_paths"]),
+            "versions": expected_versions({"pdmask": None, **inputs.get("versions", {})}),
+            "checkpoint_need_bytes": inputs.get("checkpoint_need_bytes"),
+            "hub_models": tuple(inputs.get("hub_models", ())),
+            "training": training,
+        }
+        return cls(**{**fields, **overrides})
 
 
 @dataclass(frozen=True)
@@ -96,9 +125,9 @@ class ClusterReport:
         return bool(self.nodes) and not any(n.failed() for n in self.nodes)
 
     def problems(self) -> list[Problem]:
-        """Every failed check as a problem naming its node and check."""
+        """Every failed check as a problem naming its node, the check and the fix."""
         out = [
-            Problem(f"node {n.name}", check, n.checks[check]["detail"])
+            Problem(f"node {n.name}", check, _with_fix(n.checks[check]))
             for n in self.nodes
             for check in n.failed()
         ]
@@ -108,6 +137,10 @@ class ClusterReport:
 
     def to_json(self) -> dict[str, Any]:
         return {"address": self.address, "ok": self.ok, "nodes": [asdict(n) for n in self.nodes]}
+
+
+def _with_fix(check: dict[str, Any]) -> str:
+    return f"{check['detail']}. Fix: {check['fix']}" if check.get("fix") else check["detail"]
 
 
 def run_check(address: str, spec: CheckSpec, timeout_s: float = CHECK_TIMEOUT_S) -> ClusterReport:
@@ -122,7 +155,8 @@ def run_check(address: str, spec: CheckSpec, timeout_s: float = CHECK_TIMEOUT_S)
         logging.getLogger(name).setLevel(logging.WARNING)
     folder = Path(tempfile.mkdtemp(prefix="pdm-cluster-check-"))
     try:
-        shutil.copy(Path(cluster_probe.__file__), folder / "cluster_probe.py")
+        for name in cluster_probe.FILES:
+            shutil.copy(Path(cluster_probe.__file__).with_name(name), folder / name)
         payload = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(spec).items()}
         (folder / cluster_probe.SPEC_FILE).write_text(json.dumps(payload))
         try:

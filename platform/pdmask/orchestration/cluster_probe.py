@@ -1,155 +1,70 @@
 """The cluster's half of `pdm cluster check`: a Ray job that runs one tiny task on every alive node.
 
 The submitting machine reaches a cluster only through its job API (port 8265), so the check is
-itself a Ray job: this file and a spec (``SPEC_FILE``) travel as the job's working directory, its
-driver starts one zero-CPU task pinned to each alive node (``NodeAffinitySchedulingStrategy``,
-not soft: a node that cannot run it is reported, never replaced by another), and prints one line,
-``MARK`` + JSON, which the submitter reads from the job's log (``cluster_check.py``).
+itself a Ray job: this file, its two siblings (``FILES``) and a spec (``SPEC_FILE``) travel as the
+job's working directory, its driver starts one zero-CPU task pinned to each alive node
+(``NodeAffinitySchedulingStrategy``, not soft: a node that cannot run it is reported, never
+replaced by another), and prints one line, ``MARK`` + JSON, which the submitter reads from the
+job's log (``cluster_check.py``).
 
-It imports nothing but the standard library and Ray: a node without pdmask, or with another
-version, is a finding of the check, not a crash of it. Each node checks, as the trials' processes
-there would see things:
+It imports nothing but the standard library and Ray (torch only inside the probes that need it):
+a node without pdmask, or with another one, is a finding of the check, not a crash of it. Each
+node checks, as the trials' processes there would see things (``CHECKS``, one function each; a
+failure carries its ``fix``):
 
-- ``tracking``: the MLflow server answers an API call (not only a TCP connect);
-- ``checkpoints``: a file written under the checkpoint root is read back, and, in a second
-  round, the files every other node wrote are seen there too (shared, not merely writable);
-  each node then deletes its own file;
-- ``data``: every data file exists and can be read;
-- ``models``: the model root and every model folder the jobs will load exist;
-- ``versions``: pdmask, verl and vllm as installed in the node's Ray workers, against the
-  submitter's (a package the submitter lacks is shown, not compared).
+- ``tracking``, ``checkpoints``, ``space``, ``data``, ``models``, ``hub``: what the jobs read and
+  write outside their processes (``cluster_probe_inputs.py``); ``checkpoints`` takes two more
+  rounds: the files every other node wrote are seen from each node (shared, not merely
+  writable), then each node deletes its own;
+- ``versions``: pdmask (its version and a digest of its source files, so that another commit or
+  local edits are seen), verl, and on training nodes vLLM, torch and flash-attn, against the
+  expected versions; a package with no expected version must be the same on every node;
+- ``driver``, ``gpus``, ``attention``, ``allreduce``: on the nodes where the jobs' workers run
+  (``cluster_probe_training.py``).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
+import hashlib
 import json
 import os
 import socket
 import sys
-import urllib.error
-import urllib.request
 import uuid
 from importlib import metadata
-from urllib.parse import urlsplit, urlunsplit
+
+try:  # in the check job: shipped beside this file, never the node's own (perhaps stale) pdmask
+    import cluster_probe_inputs as inputs
+    import cluster_probe_training as training
+except ImportError:  # imported from the package: the submitter, the tests
+    from pdmask.orchestration import cluster_probe_inputs as inputs
+    from pdmask.orchestration import cluster_probe_training as training
 
 MARK = "PDM-CLUSTER-CHECK "
 SPEC_FILE = "pdm_cluster_check.json"
-CHECKS = ("tracking", "checkpoints", "data", "models", "versions")
-HTTP_TIMEOUT_S = 5.0
+# the check job's working directory
+FILES = ("cluster_probe.py", "cluster_probe_inputs.py", "cluster_probe_training.py")
+CHECKS = (
+    "tracking",
+    "checkpoints",
+    "space",
+    "data",
+    "models",
+    "hub",
+    "versions",
+    "driver",
+    "gpus",
+    "attention",
+    "allreduce",
+)
+TRAINING_CHECKS = ("driver", "gpus", "attention", "allreduce")
 ROUND_TIMEOUT_S = 90.0  # a node whose task has not answered by then is reported as silent
+INSTALL = (
+    "install the submitter's pdmask commit, with its extra, on every node (docs/cluster.md, "
+    "section 2)"
+)
 
-
-def _result(ok: bool, detail: str) -> dict:
-    return {"ok": ok, "detail": detail}
-
-
-def _shown(uri: str) -> str:
-    """``uri`` without its user and password (what the node reports back)."""
-    parts = urlsplit(uri)
-    if parts.username is None and parts.password is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"{host}:{parts.port}" if parts.port else host
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def check_tracking(uri: str) -> dict:
-    parts = urlsplit(uri)
-    if parts.scheme in ("http", "https"):
-        base = _shown(uri).rstrip("/")
-        request = urllib.request.Request(f"{base}/api/2.0/mlflow/experiments/search?max_results=1")
-        if parts.username is not None:
-            pair = f"{parts.username}:{parts.password or ''}".encode()
-            request.add_header("Authorization", "Basic " + base64.b64encode(pair).decode())
-        try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
-                json.load(response)
-        except urllib.error.HTTPError as err:
-            return _result(False, f"{base} answers HTTP {err.code} to an MLflow API call")
-        except (OSError, ValueError) as err:
-            reason = getattr(err, "reason", None) or err
-            return _result(False, f"cannot reach {base} from this node ({reason})")
-        return _result(True, f"{base} answers")
-    if parts.hostname and parts.port:  # a database URI: the database must accept a connection
-        try:
-            with socket.create_connection((parts.hostname, parts.port), HTTP_TIMEOUT_S):
-                pass
-        except OSError as err:
-            return _result(False, f"cannot connect to {parts.hostname}:{parts.port} ({err})")
-        return _result(True, f"{parts.hostname}:{parts.port} accepts a connection")
-    return _result(
-        False, f"{_shown(uri)} is not a server: each node would write a store of its own"
-    )
-
-
-def write_probe(root: str | None, folder: str, node_id: str) -> dict:
-    """Round 1 of ``checkpoints``: write this node's file, read it back."""
-    if not root:
-        return _result(False, "no checkpoint root is set")
-    path = os.path.join(root, folder, node_id)
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "w") as fh:
-            fh.write(node_id)
-        with open(path) as fh:
-            if fh.read() != node_id:
-                return _result(False, f"{path} reads back different content")
-    except OSError as err:
-        return _result(False, f"cannot write under {root}: {err.strerror or err}")
-    return _result(True, f"{root} writable")
-
-
-def shared_probe(root: str, folder: str, writers: list[str]) -> dict:
-    """Round 2 of ``checkpoints``: the files every node wrote in round 1 are seen here."""
-    where = os.path.join(root, folder)
-    try:
-        seen, why = set(os.listdir(where)), ""
-    except OSError as err:
-        seen, why = set(), f" ({err.strerror or err})"
-    missing = [w for w in writers if w not in seen]
-    if missing:
-        short = ", ".join(m[:8] for m in missing)
-        return _result(
-            False,
-            f"{root} is not shared: the files node(s) {short} wrote there are not seen from "
-            f"this node{why}",
-        )
-    return _result(True, f"{root} writable, shared by {len(writers)} node(s)")
-
-
-def remove_probe(root: str, folder: str, node_id: str) -> None:
-    """Round 3: this node's file removed (and the folder, by the last node to get there)."""
-    where = os.path.join(root, folder)
-    for remove, path in ((os.remove, os.path.join(where, node_id)), (os.rmdir, where)):
-        with contextlib.suppress(OSError):
-            remove(path)
-
-
-def check_files(paths: list[str]) -> dict:
-    if not paths:
-        return _result(True, "no files to check")
-    bad = []
-    for path in paths:
-        try:
-            with open(path, "rb") as fh:
-                fh.read(1)
-        except OSError as err:
-            bad.append(f"{path} ({err.strerror or err})")
-    if bad:
-        return _result(False, "cannot read " + ", ".join(bad))
-    return _result(True, f"{len(paths)} file(s) readable")
-
-
-def check_models(root: str | None, paths: list[str]) -> dict:
-    folders = ([root] if root else []) + [p for p in paths if p != root]
-    if not folders:
-        return _result(True, "no model root set: models come from the Hugging Face Hub")
-    missing = [f for f in folders if not os.path.isdir(f)]
-    if missing:
-        return _result(False, "no folder " + ", ".join(missing))
-    return _result(True, f"{len(folders)} folder(s) present")
+result = inputs.result
 
 
 def installed(name: str) -> str | None:
@@ -159,30 +74,111 @@ def installed(name: str) -> str | None:
         return None
 
 
+def package_folder(package: str) -> str | None:
+    """Where ``import package`` would load it from, asked of the import system's finders
+    themselves (an editable install's too), not of ``sys.modules``: what is installed, not
+    what this process happens to have imported."""
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        spec = find(package, None) if find else None
+        if spec is not None:
+            return spec.submodule_search_locations[0] if spec.submodule_search_locations else None
+    return None
+
+
+def source_digest(package: str = "pdmask") -> str | None:
+    """The first 12 hex digits of a SHA-256 over the package's ``.py`` files (relative path and
+    content, in path order): the same sources give the same digest wherever they are installed,
+    and another commit or a local edit another one."""
+    root = package_folder(package)
+    if root is None:
+        return None
+    digest = hashlib.sha256()
+    for folder, subfolders, files in os.walk(root):
+        subfolders[:] = sorted(s for s in subfolders if s != "__pycache__")
+        for name in sorted(f for f in files if f.endswith(".py")):
+            path = os.path.join(folder, name)
+            digest.update(os.path.relpath(path, root).replace(os.sep, "/").encode() + b"\0")
+            with open(path, "rb") as fh:
+                digest.update(fh.read() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def node_version(name: str) -> str | None:
+    """A package's version as the check compares it; pdmask's with the digest of its sources."""
+    version = installed(name)
+    if name == "pdmask" and version is not None:
+        return f"{version} (source {source_digest()})"
+    return version
+
+
+def same_version(have: str | None, want: str) -> bool:
+    """``want`` without a local part (``2.11.0``) accepts any build of it (``2.11.0+cu130``)."""
+    if have is None:
+        return False
+    return have == want or ("+" not in want and have.split("+")[0] == want)
+
+
 def check_versions(expected: dict[str, str | None]) -> dict:
-    parts, wrong = [], []
-    for name, want in expected.items():
-        have = installed(name)
-        parts.append(f"{name} {have or 'missing'}")
-        if want is not None and have != want:
-            wrong.append(f"{name} {have or 'not installed'} (submitter: {want})")
-    if wrong:
-        return _result(False, "; ".join(wrong))
-    return _result(True, ", ".join(parts))
+    have = {name: node_version(name) for name in expected}
+    wrong = [
+        f"{name} {have[name] or 'not installed'} (expected: {want})"
+        for name, want in expected.items()
+        if want is not None and not same_version(have[name], want)
+    ]
+    shown = ", ".join(f"{name} {v or 'missing'}" for name, v in have.items())
+    out = result(not wrong, "; ".join(wrong) or shown, INSTALL)
+    return {**out, "installed": have}
 
 
-def probe_node(spec: dict, node_id: str) -> dict:
-    """Round 1 on one node: every check but the sharing half of ``checkpoints``."""
-    return {
+def disagreements(installed_by_node: dict[str, dict[str, str | None]], names) -> dict[str, str]:
+    """For each package of ``names`` (those with no expected version), the nodes whose version
+    differs from another node's, with what each has."""
+    out: dict[str, list[str]] = {}
+    for name in names:
+        seen = {n: v[name] for n, v in installed_by_node.items() if name in v}
+        if len(set(seen.values())) > 1:
+            listing = ", ".join(f"{n[:8]}: {v or 'missing'}" for n, v in sorted(seen.items()))
+            for node in seen:
+                out.setdefault(node, []).append(f"{name} differs between nodes ({listing})")
+    return {node: "; ".join(found) for node, found in out.items()}
+
+
+def not_training(resource: str | None) -> dict:
+    if resource is None:
+        return result(True, "not checked (the spec names no training nodes)")
+    return result(True, f"no {resource} in Ray's resources here: no job's workers run here")
+
+
+def probe_node(spec: dict, node_id: str, ray_gpus: float, trains: bool) -> dict:
+    """Round 1 on one node: every check but the sharing half of ``checkpoints`` and the
+    all-reduce. ``trains``: the node has the training resource (``spec['training']``)."""
+    need = spec.get("training")
+    expected = dict(spec["versions"])
+    root = spec["checkpoint_root"]
+    out = {
         "node_id": node_id,
         "host": socket.gethostname(),
         "python": sys.executable,
-        "tracking": check_tracking(spec["tracking_uri"]),
-        "checkpoints": write_probe(spec["checkpoint_root"], spec["folder"], node_id),
-        "data": check_files(spec["data_files"]),
-        "models": check_models(spec["model_root"], spec["model_paths"]),
-        "versions": check_versions(spec["versions"]),
+        "tracking": inputs.check_tracking(spec["tracking_uri"]),
+        "checkpoints": inputs.write_probe(root, spec["folder"], node_id),
+        "space": inputs.check_space(root, spec.get("checkpoint_need_bytes")),
+        "data": inputs.check_files(spec["data_files"]),
+        "models": inputs.check_models(spec["model_root"], spec["model_paths"]),
+        "hub": inputs.check_hub(spec.get("hub_models", []), spec.get("hub_endpoint")),
     }
+    if need is None or not trains:
+        skipped = not_training(need and need["resource"])
+        out.update({check: skipped for check in TRAINING_CHECKS})
+    else:
+        expected.update(need["packages"])
+        out.update(
+            driver=training.check_driver(need["min_driver"]),
+            gpus=training.check_gpus(need["gpus"], ray_gpus),
+            attention=training.check_attention(need["attention"]),
+        )
+    out["versions"] = check_versions(expected)
+    return out
 
 
 def _run(spec: dict) -> dict:
@@ -192,9 +188,11 @@ def _run(spec: dict) -> dict:
     ray.init(log_to_driver=False)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     spec = {**spec, "folder": f".pdm-cluster-check-{uuid.uuid4().hex[:12]}"}
+    need = spec.get("training")
+    resource = need["resource"] if need else None
     first = ray.remote(num_cpus=0, max_retries=0)(probe_node)
-    second = ray.remote(num_cpus=0, max_retries=0)(shared_probe)
-    third = ray.remote(num_cpus=0, max_retries=0)(remove_probe)
+    second = ray.remote(num_cpus=0, max_retries=0)(inputs.shared_probe)
+    third = ray.remote(num_cpus=0, max_retries=0)(inputs.remove_probe)
     root, folder = spec["checkpoint_root"], spec["folder"]
 
     def pinned(fn, node, *args):
@@ -216,18 +214,41 @@ def _run(spec: dict) -> dict:
                 out[node_id] = f"the check task failed on this node: {type(err).__name__}: {err}"
         return out
 
+    def gpus_of(node) -> float:
+        return float(node.get("Resources", {}).get("GPU", 0))
+
+    def trains(node) -> bool:
+        return resource is not None and node.get("Resources", {}).get(resource, 0) > 0
+
     results = {}
-    answers = gather({n["NodeID"]: pinned(first, n, spec, n["NodeID"]) for n in nodes})
+    answers = gather(
+        {n["NodeID"]: pinned(first, n, spec, n["NodeID"], gpus_of(n), trains(n)) for n in nodes}
+    )
     for node_id, value in answers.items():
         results[node_id] = value if isinstance(value, dict) else _silent(node_id, value)
+    expected = {**spec["versions"], **(need["packages"] if need else {})}
+    unpinned = [name for name, want in expected.items() if want is None]
+    seen = {i: r["versions"]["installed"] for i, r in results.items() if not r.get("silent")}
+    for node_id, why in disagreements(seen, unpinned).items():
+        versions = results[node_id]["versions"]
+        detail = why if versions["ok"] else f"{versions['detail']}; {why}"
+        results[node_id]["versions"] = {**versions, **result(False, detail, INSTALL)}
     writers = [i for i, r in results.items() if r["checkpoints"]["ok"]]
     writing = [n for n in nodes if n["NodeID"] in writers]
     shared = {n["NodeID"]: pinned(second, n, root, folder, writers) for n in writing}
     for node_id, value in gather(shared).items():
         results[node_id]["checkpoints"] = (
-            value if isinstance(value, dict) else _result(False, value)
+            value if isinstance(value, dict) else result(False, value, inputs.SHARE_FIX)
         )
     gather({n["NodeID"]: pinned(third, n, root, folder, n["NodeID"]) for n in writing})
+    ranks = [n for n in nodes if trains(n) and not results[n["NodeID"]].get("silent")]
+    if need is not None and ranks:
+        for node_id, value in _all_reduce(ray, ranks, need["collective"], pinned, gather).items():
+            results[node_id]["allreduce"] = (
+                value
+                if isinstance(value, dict)
+                else result(False, value, "see the node's Ray logs")
+            )
     for n in nodes:
         results[n["NodeID"]].update(
             ip=n.get("NodeManagerAddress", ""),
@@ -236,8 +257,33 @@ def _run(spec: dict) -> dict:
     return {"nodes": list(results.values())}
 
 
+def _all_reduce(ray, ranks: list[dict], backend: str, pinned, gather) -> dict:
+    """One all-reduce across the training nodes, one rank each, the first node the master."""
+    actor = ray.remote(num_cpus=0, max_restarts=0)(training.Rank)
+    actors = {n["NodeID"]: pinned(actor, n) for n in ranks}
+    master = ranks[0].get("NodeManagerAddress", "")
+    try:
+        port = gather({"port": actors[ranks[0]["NodeID"]].open.remote(master)})["port"]
+        if not isinstance(port, int):
+            return {
+                n["NodeID"]: f"the master rank could not listen on {master}: {port}" for n in ranks
+            }
+        return gather(
+            {
+                n["NodeID"]: actors[n["NodeID"]].all_reduce.remote(
+                    backend, master, port, i, len(ranks), n.get("NodeManagerAddress", "")
+                )
+                for i, n in enumerate(ranks)
+            }
+        )
+    finally:
+        for a in actors.values():
+            ray.kill(a)
+
+
 def _silent(node_id: str, why: str) -> dict:
-    return {"node_id": node_id, "host": "?", **{c: _result(False, why) for c in CHECKS}}
+    out = {c: result(False, why, "see the node's Ray logs") for c in CHECKS}
+    return {"node_id": node_id, "host": "?", "silent": True, **out}
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ it joins.
 from __future__ import annotations
 
 from pdmask.backends.verl.jobs_setup import PaperSetup
+from pdmask.backends.verl.node_requirements import ATTENTION_KEY, SDPA
 
 # The name verl's platform registry knows pdmask's CPU platform by, and the variable selecting it.
 PLATFORM_NAME = "pdmask-cpu"
@@ -49,7 +50,7 @@ CPU_OVERRIDES: dict[str, object] = {
     # few hundred MB holding one logical CPU: one unit holds a toy batch.
     "transfer_queue.backend.SimpleStorage.num_data_storage_units": 1,
     # FlashAttention does not exist on CPU; torch's SDPA is the CPU attention.
-    "+actor_rollout_ref.model.override_config.attn_implementation": "sdpa",
+    f"+{ATTENTION_KEY}": SDPA.implementation,
     # Padding removal is written for FlashAttention's varlen kernels.
     "actor_rollout_ref.model.use_remove_padding": False,
     # vLLM's CPU platform has no sleep mode (verl's rollout config refuses it).

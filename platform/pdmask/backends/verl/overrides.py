@@ -29,6 +29,7 @@ from typing import Any
 
 from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_MAX_LOGPROBS
 from pdmask.backends.verl.loss_names import MU_SOURCES
+from pdmask.backends.verl.node_requirements import ATTENTION_KEY, FLASH_ATTENTION
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.registry.catalog import PRECISIONS as CATALOG_PRECISIONS
 from pdmask.registry.engine_rules import ROLLOUT_NUMERICS
@@ -155,6 +156,9 @@ def verl_overrides(
         "actor_rollout_ref.model.use_remove_padding": True,
         "actor_rollout_ref.model.use_fused_kernels": False,
         "actor_rollout_ref.model.external_lib": PLUGIN_MODULE,
+        # Said, not left to verl's default: the attention every training node must import
+        # (node_requirements.py; a CPU profile replaces it with torch's SDPA).
+        f"+{ATTENTION_KEY}": FLASH_ATTENTION.implementation,
         f"{_A}.strategy": "fsdp2",
         f"{_A}.use_kl_loss": False,
         f"{_A}.entropy_coeff": 0,

@@ -1,10 +1,11 @@
-"""The paths a sweep's VeRL jobs read and write outside their own processes, as the nodes see them.
+"""What a sweep's VeRL jobs need from a cluster's nodes: the paths they read and write outside
+their own processes, as the nodes see them, and what a node must run (``node_requirements.py``).
 
 What must be shared between a cluster's nodes is exactly what the job builder (``jobs.py``) puts
-into a trial's overrides: the checkpoint root, the data files, the model folders. Read from there,
-so the checks and the jobs cannot disagree: ``unshared_settings`` refuses the settings no other
-node could share (before a cluster pdm did not start is sent a job), ``shared_inputs`` is what
-``pdm cluster check`` proves from every node.
+into a trial's overrides: the checkpoint root, the data files, the model folders (or the Hub
+names the nodes download). Read from there, so the checks and the jobs cannot disagree:
+``unshared_settings`` refuses the settings no other node could share (before a cluster pdm did not
+start is sent a job), ``shared_inputs`` is what ``pdm cluster check`` proves from every node.
 """
 
 from __future__ import annotations
@@ -14,8 +15,10 @@ from typing import Any
 
 from pdmask.backends.verl.jobs import _data_files, _model_path, on_cpu
 from pdmask.backends.verl.jobs_setup import JobSettings
+from pdmask.backends.verl.node_requirements import node_versions, training_nodes
 from pdmask.errors import Problem
-from pdmask.registry import Trial
+from pdmask.registry import CLUSTERS, Trial
+from pdmask.registry import MODELS as CATALOG
 
 CHECKPOINTS = "PDM_VERL_CHECKPOINT_DIR"
 DATA = "PDM_DATA_DIR"
@@ -23,13 +26,26 @@ MODELS = "PDM_MODEL_ROOT"
 
 
 def shared_inputs(
-    settings: JobSettings, cluster: str, trials: list[Trial] | tuple[Trial, ...] = ()
+    settings: JobSettings, cluster: str, trials: list[Trial] | tuple[Trial, ...] | None = None
 ) -> dict[str, Any]:
-    """``checkpoint_root`` (None when unset), ``data_files``, ``model_root``, ``model_paths`` (the folders of the
-    trials' models that are paths, not Hub names) and ``data_built_here`` (the CPU profile's
-    tiny task, built by pdm before submission)."""
+    """What ``pdm cluster check`` proves from every node (``CheckSpec.of``):
+
+    ``checkpoint_root`` (None when unset), ``data_files``, ``model_root``, ``model_paths`` (the
+    folders of the trials' models that are paths), ``hub_models`` (the Hub names the nodes
+    download: no model root), ``data_built_here`` (the CPU profile's tiny task, built by pdm before
+    submission), ``versions`` (what every node must run), ``training`` (what a node running the
+    jobs' workers must have) and ``checkpoint_need_bytes`` (None: not checked yet).
+    ``trials``: None for every catalog model that runs on ``cluster`` (those pdm builds aside)."""
     files = _data_files(settings, cluster)
-    models = {p for t in trials if Path(p := _model_path(t, settings)).is_absolute()}
+    if trials is None:  # every model the profile runs that comes from outside (a trial's
+        kind = CLUSTERS[cluster].gpu_kind  # model is all ``_model_path`` reads of it)
+        trials = [
+            Trial.model_construct(model=m)
+            for m, spec in CATALOG.items()
+            if kind in spec.gpu_needs and not spec.built_here
+        ]
+    places = {_model_path(t, settings) for t in trials}
+    models = {p for p in places if Path(p).is_absolute()}
     if on_cpu(cluster):  # every CPU trial trains the tiny model pdm builds with its task
         from pdmask.backends.verl.tiny_model import built_files
 
@@ -40,7 +56,12 @@ def shared_inputs(
         "data_files": [str(files["train"]), str(files["val"])],
         "model_root": settings.model_root,
         "model_paths": sorted(models),
+        "hub_models": sorted(places - models),
         "data_built_here": on_cpu(cluster),
+        "versions": node_versions(),
+        "training": training_nodes(cluster),
+        # The sweep's checkpoint disk need is not computed yet: None leaves the space unchecked.
+        "checkpoint_need_bytes": None,
     }
 
 
