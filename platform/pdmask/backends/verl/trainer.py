@@ -3,7 +3,9 @@
 - start-up checks of the settings pdmask's methods depend on, before any GPU is allocated;
 - pdmask's actor worker (loss + logits hook) in place of verl's;
 - the old-policy pass marker when mu is recomputed by the trainer (``pdm_mu_source=recompute``);
-- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure;
+- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure, and a
+  job whose run holds no training metrics for its last step ends failed, naming why (verl's
+  MLflow adapter drops a step it could not log after three tries and trains on);
 - ``actor/entropy``: verl's own where its old-log-prob pass ran, else pdmask's (``metrics.py``);
 - the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound;
 - a retry resumes from the newest checkpoint whose steps are all logged (``resume.py``).
@@ -68,6 +70,9 @@ class PDMTrainerSync(PPOTrainerSync):
     def fit(self, agent_loop_manager):
         with tracking.failure_marked(self._failure_cause):
             super().fit(agent_loop_manager)
+            # verl returns after logging its last step and counting one more; before verl's
+            # TaskRunner ends the run FINISHED, the run must hold that step's metrics.
+            tracking.require_training_metrics(self.config, last_step=self.global_steps - 1)
         if self._watchdog is not None:
             self._watchdog.stop()
 
