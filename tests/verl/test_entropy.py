@@ -179,3 +179,29 @@ def test_the_trainer_keeps_verls_own_entropy_where_verl_computed_one(verl_comput
     trainer._update_actor(SimpleNamespace(extra_info={}), metrics)
     assert metrics[ENTROPY_METRIC] == (2.0 if verl_computed is None else verl_computed)
     assert metrics["actor/pg_loss"] == 0.5  # verl's own reduction ran
+
+
+@pytest.mark.parametrize(
+    "pad_to_length,fused,allowed",
+    [(False, False, True), (True, False, False), (False, True, False)],
+)
+def test_verls_own_loss_gets_the_hook_only_where_verls_engine_allows_it(
+    pad_to_length, fused, allowed
+):
+    """A job of verl's own loss may set static padding (verl's engine then refuses the hook) or
+    fused kernels (no logits): its actor then runs without the hook, and logs no entropy, rather
+    than failing."""
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    from pdmask.backends.verl.worker import PDMActorRolloutRefWorker
+
+    worker = PDMActorRolloutRefWorker.__new__(PDMActorRolloutRefWorker)
+    worker.config = OmegaConf.create(
+        {"actor": {"pad_to_length": pad_to_length}, "model": {"use_fused_kernels": fused}}
+    )
+    assert worker._hook_allowed() == allowed
+    if pad_to_length:  # what the predicate spares such a job
+        engine = object.__new__(FSDPEngineWithLMHead)
+        engine.pad_to_length = True
+        with pytest.raises(RuntimeError, match="pad_to_length"):
+            engine.prepare_model_inputs(micro_batch(make_batch(), ALL))

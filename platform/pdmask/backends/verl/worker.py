@@ -55,9 +55,19 @@ class PDMActorRolloutRefWorker(ActorRolloutRefWorker):
                     "distillation.enabled: pdmask's losses cannot run with verl's distillation"
                 )
             return
+        if self.pdm_settings is None and not self._hook_allowed():
+            return  # verl's own loss as configured: no actor/entropy rather than a refusal
         self.loss_fn = partial(pdm_ppo_loss, config=actor_config)
         self.actor.set_loss_fn(self.loss_fn)
         self.pdm_hook = True
+
+    def _hook_allowed(self) -> bool:
+        """Whether verl's engine can call the logits hook in this job: not under static padding
+        (it refuses the hook) nor fused kernels (no logits). The start-up checks require both
+        for pdmask's losses; a job of verl's own loss may set them."""
+        return not self.config.actor.get("pad_to_length", False) and not self.config.model.get(
+            "use_fused_kernels", False
+        )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data):
