@@ -11,7 +11,7 @@ pytestmark = pytest.mark.verl
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from verl import DataProto  # noqa: E402
+from verl.protocol import DataProto  # noqa: E402
 from verl.trainer.ppo.metric_utils import compute_data_metrics  # noqa: E402
 from verl.workers.config import ActorConfig  # noqa: E402
 
