@@ -28,6 +28,15 @@ Paths (forward + backward from bf16 logits ``[N, V]`` to the gradient of the log
      otherwise run the kernels inductor compiles, ``trust_region.compiled_pass``; their
      compilation happens in the warm-up, outside the measurement).
 
+Forward only, as the VeRL backend's logits hook runs it (no gradient: the policy gradient flows
+through verl's own log-probs), for what logging ``actor/entropy`` costs:
+  h) hook-stats: the per-token statistics of pdm-agg (``compute_token_stats``, no entropy);
+  h') hook-stats-entropy: the same plus the policy's entropy, the value the hook now always adds;
+  i) hook-entropy: the entropy alone, what the hook computes for verl's own losses (vanilla);
+  i') verl-entropy: verl 0.9.1's ``entropy_from_logits`` on the same logits, without gradient
+     (what its ``calculate_entropy`` computes in its old-log-prob pass; in an update it keeps
+     the graph of a ``[N, V]`` float32 softmax for the backward).
+
 Each path runs in its own subprocess so that its peak resident memory (``ru_maxrss``) is its own.
 "Extra memory" is the peak above the logits and their gradient (which every path must hold), as a
 share of the logits' size. Paths alternate across repeats and the median time is reported, so
@@ -52,6 +61,9 @@ def _rss_bytes() -> int:
 
 def make_path(path: str):
     """Import everything a path needs up front, so timing and memory see only the computation."""
+    forward_only = _forward_only_path(path)
+    if forward_only is not None:
+        return forward_only
     if path == "verl":
         from verl.trainer.ppo.core_algos import compute_policy_loss_vanilla
         from verl.utils.torch_functional import logprobs_from_logits
@@ -158,6 +170,40 @@ def make_path(path: str):
     raise ValueError(path)
 
 
+FORWARD_ONLY = ("hook-stats", "hook-stats-entropy", "hook-entropy", "verl-entropy")
+
+
+def _forward_only_path(path: str):
+    """The forward-only paths (h, i above), or None for another path. Each returns None: there is
+    no loss to differentiate."""
+    if path not in FORWARD_ONLY:
+        return None
+    import torch
+
+    if path == "verl-entropy":
+        from verl.utils.torch_functional import entropy_from_logits
+
+        @torch.no_grad()
+        def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+            entropy_from_logits(logits)
+
+        return run
+    from pdmask.trust_region import compute_token_stats
+    from pdmask.trust_region.logits_pass import chunked_logits_pass
+    from pdmask.trust_region.stats import ENTROPY
+
+    inputs = (ENTROPY,) if path == "hook-stats-entropy" else ()
+
+    @torch.no_grad()
+    def run(logits, sampled, topk_ids, topk_logp, mu_logp, adv, mask):
+        if path == "hook-entropy":  # as processor.entropy_outputs
+            chunked_logits_pass(logits, sampled, sampled[:, None], entropy=True)
+        else:  # as processor.statistics_outputs
+            compute_token_stats(logits, sampled, topk_ids, topk_logp, mu_logp, inputs=inputs)
+
+    return run
+
+
 def make_inputs(tokens: int, vocab: int, k: int, seed: int, inputs: str = "random"):
     """bf16 logits and a behaviour top-K view. ``random``: logits N(0, 4) and an unrelated random
     mu (every token far out of region, the masks act on about half). ``peaked``: model-like; each
@@ -216,18 +262,24 @@ def run_one(
         base = make_inputs(n, vocab, k, seed, inputs)
         return base + make_lm_head_inputs(n, vocab, hidden, seed) if path == "pdm-gram" else base
 
+    def forward_backward(inputs):
+        loss = run(*inputs)
+        if loss is not None:  # a forward-only path returns nothing to differentiate
+            loss.backward()
+
     warm = tensors_of(8)
-    run(*warm).backward()  # load kernels, thread pools and lazy imports outside the measurement
+    forward_backward(warm)  # load kernels, thread pools and lazy imports outside the measurement
     del warm
     tensors = tensors_of(tokens)
     logits = tensors[0]
     setup_rss = _rss_bytes()
     start = time.perf_counter()
-    run(*tensors).backward()
+    forward_backward(tensors)
     elapsed = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     logits_bytes = logits.numel() * logits.element_size()
-    extra = max(0, peak - setup_rss - logits_bytes)  # minus the gradient, same size as the logits
+    gradient = 0 if path in FORWARD_ONLY else logits_bytes  # same size as the logits
+    extra = max(0, peak - setup_rss - gradient)
     return {
         "path": path,
         "seconds": elapsed,
@@ -314,14 +366,14 @@ def main() -> None:
 
     logits_gb = args.tokens * args.vocab * 2 / 1e9
     print(
-        f"\nloss path, forward+backward, N={args.tokens} tokens x V={args.vocab} bf16 logits "
+        f"\nloss path, forward+backward (forward only: {', '.join(FORWARD_ONLY)}), N={args.tokens} tokens x V={args.vocab} bf16 logits "
         f"({logits_gb:.2f} GB), K={args.topk}, {args.inputs} inputs, median of {args.repeats}"
     )
     # Memory as the median and the worst repeat: now and then one repeat's peak holds one more
     # logits-sized buffer (seen on several paths, never reproduced in one process), so the worst
     # is stated beside the median.
     print(
-        f"{'path':>17} | {'time (s)':>8} | {'extra mem (MB)':>14} | {'worst (MB)':>10} | "
+        f"{'path':>18} | {'time (s)':>8} | {'extra mem (MB)':>14} | {'worst (MB)':>10} | "
         f"{'worst / logits':>14}"
     )
     med = {}
@@ -332,7 +384,7 @@ def main() -> None:
         logits_bytes = results[path][0]["logits_bytes"]
         med[path] = t
         print(
-            f"{path:>17} | {t:8.2f} | {extra / 1e6:14.1f} | {worst / 1e6:10.1f} | "
+            f"{path:>18} | {t:8.2f} | {extra / 1e6:14.1f} | {worst / 1e6:10.1f} | "
             f"{worst / logits_bytes:13.1%}"
         )
     if "verl" in med and "pdm-agg" in med:
@@ -350,6 +402,12 @@ def main() -> None:
         print(
             f"ratio ent-bonus / pdm-agg, chunked  : {ratio:.3f}  (the pass without a C++ compiler)"
         )
+    if "hook-stats" in med and "hook-stats-entropy" in med:
+        ratio = med["hook-stats-entropy"] / med["hook-stats"]
+        print(f"ratio hook-stats with / without H  : {ratio:.3f}  (forward only, the VeRL hook)")
+    if "hook-entropy" in med and "verl-entropy" in med:
+        ratio = med["hook-entropy"] / med["verl-entropy"]
+        print(f"ratio hook-entropy / verl's entropy: {ratio:.3f}  (forward only)")
     for extra_path in ("ent-bonus", "ent-every-token", "support-kl", "pdm-gram"):
         if extra_path in med and "pdm-agg" in med:
             masked = results[extra_path][0]["masked_frac"]

@@ -364,8 +364,10 @@ def test_control_runs_draw_their_own_diagnostics_line_and_never_mix_with_a_metho
 
 def test_a_panel_says_stand_in_only_when_every_run_trained_one():
     from pdmask.figures.panels import honest_title
+    from pdmask.figures.spec import PanelSpec
 
-    assert honest_title("Qwen3-4B-Base\nBF16", {"sim"}) == "Qwen3-4B-Base stand-in\nBF16"
-    assert honest_title("Qwen3-4B-Base\nBF16", {"verl"}) == "Qwen3-4B-Base\nBF16"
-    assert honest_title("Qwen3-4B-Base\nBF16", {"sim", "verl"}) == "Qwen3-4B-Base\nBF16"
-    assert honest_title("Qwen3-4B-Base\nBF16", set()) == "Qwen3-4B-Base\nBF16"  # no runs
+    panel = PanelSpec(key="4b", title="Qwen3-4B-Base\n{precision}", model="m", precision="bf16")
+    assert honest_title(panel, {"sim"}) == "Qwen3-4B-Base stand-in\nBF16"
+    assert honest_title(panel, {"verl"}) == "Qwen3-4B-Base\nBF16"
+    assert honest_title(panel, {"sim", "verl"}) == "Qwen3-4B-Base\nBF16"
+    assert honest_title(panel, set()) == "Qwen3-4B-Base\nBF16"  # no runs

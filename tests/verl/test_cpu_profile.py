@@ -80,7 +80,7 @@ def test_gpu_cluster_jobs_are_untouched_by_the_cpu_profile(registry):
     assert "trainer.device" not in overrides
     assert not CPU_ENV.keys() & spec["runtime_env"]["env_vars"].keys()
     assert overrides["actor_rollout_ref.model.use_remove_padding"] == "True"
-    assert overrides["data.train_batch_size"] == "256"
+    assert overrides["data.train_batch_size"] == "64"  # the paper's, for 4B
 
 
 def test_a_paper_model_is_refused_on_the_cpu_profile(registry):

@@ -27,6 +27,7 @@ AIME25_II = FIX / "aime25_ii_mini.jsonl"
 BOXED_ONLY = FIX / "aime_boxed_only.json"
 BAD_NO_ANSWER = FIX / "bad_no_answer.jsonl"
 BAD_NO_PROBLEM = FIX / "bad_no_problem.parquet"
+PAPER_SET = FIX / "dpao_filter"  # a local copy of Jiawei415/DPAO_filter, in its layout
 
 COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
 
@@ -50,6 +51,8 @@ def test_template_round_trip():
         "Find $x$. Please reason step by step, and put your final answer within \\boxed{}."
     )
     assert D.strip_template(boxed_style) == "Find $x$."
+    verl_style = "Find $x$. Let's think step by step and output the final answer within \\boxed{}."
+    assert D.strip_template(verl_style) == "Find $x$."
 
 
 @pytest.mark.parametrize(
@@ -320,6 +323,52 @@ def test_reward_model_struct_without_ground_truth(tmp_path):
         D.prepare(dapo=[path], out_dir=tmp_path / "out")
 
 
+def test_the_papers_set_from_a_local_copy(tmp_path):
+    """Its train/ shards (extra_info typed differently per shard) for training, its test/ AIME
+    files for validation, in pdmask's one template; what the filters drop is said."""
+    from pdmask.backends.verl.paper_set import PAPER_SET as NAME
+
+    result = D.prepare(paper_set=PAPER_SET, out_dir=tmp_path)
+    assert result.counts == {"train": 5, "val": 5}
+    (report, *_) = result.reports
+    assert report.name == "paper-set" and len(report.files) == 2 and report.rows_read == 6
+    assert report.dropped["non_integer_answer"] == 1
+    train = _read(tmp_path / D.TRAIN_FILE)
+    assert {r["extra_info"]["source_id"] for r in train} == {"p0", "p1", "p2", "q0", "q2"}
+    for row in train:  # verl's boxed instruction replaced by the template every job's data has
+        question = row["extra_info"]["question"]
+        assert "boxed" not in question and question.startswith(("Compute", "How many"))
+        assert row["prompt"][0]["content"] == D.PROMPT_TEMPLATE.format(problem=question)
+    val = _read(tmp_path / D.VAL_FILE)
+    assert [r["data_source"] for r in val] == ["aime24"] * 3 + ["aime25"] * 2
+    manifest = json.loads((tmp_path / D.MANIFEST_FILE).read_text())
+    assert manifest["train"]["paper_set"] is True
+    said = manifest["train"]["differs_from_paper"]
+    assert said.startswith(f"the paper's training set, {NAME}") and "1 non_integer_answer" in said
+    assert f"training set: {said}" in result.lines()
+
+
+def test_a_dapo_set_says_how_it_differs_from_the_papers(tmp_path):
+    result = D.prepare(dapo=[DAPO], aime24=[AIME24], paper_set=None, out_dir=tmp_path)
+    said = json.loads((tmp_path / D.MANIFEST_FILE).read_text())["train"]["differs_from_paper"]
+    assert said.startswith("not the paper's training set") and "16 problems" in said
+    assert "Jiawei415/DPAO_filter (about 13k problems)" in said and "--paper-set" in said
+    assert "9 duplicate_problem" in said and f"training set: {said}" in result.lines()
+    # AIME files given beside the paper's set replace its own
+    mixed = D.prepare(paper_set=PAPER_SET, aime24=[AIME24], out_dir=tmp_path / "mixed")
+    sources = [r["data_source"] for r in _read(tmp_path / "mixed" / D.VAL_FILE)]
+    assert sources == ["aime24"] * 5 + ["aime25"] * 2 and mixed.counts["train"] == 5
+
+
+def test_the_papers_set_refuses_what_is_not_a_copy_of_it(tmp_path):
+    with pytest.raises(ConfigError, match="both name a training set"):
+        D.prepare(dapo=[DAPO], paper_set=PAPER_SET, out_dir=tmp_path / "out")
+    (tmp_path / "elsewhere" / "data").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"elsewhere: not a local copy .*found: data"):
+        D.prepare(paper_set=tmp_path / "elsewhere", out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 # -------------------------------------------------------------------------------------------- CLI
 
 
@@ -374,9 +423,21 @@ def test_cli_missing_column_exits_2(tmp_path, flag, path, column):
     assert not (tmp_path / "home" / "data" / D.TRAIN_FILE).exists()
 
 
+def test_cli_prepares_the_papers_set(tmp_path, capsys):
+    code, out, err = _cli(
+        ["data", "prepare", "--paper-set", str(PAPER_SET), "--out", str(tmp_path)], capsys
+    )
+    assert code == 0, err
+    assert "paper-set: 6 rows read from 2 file(s)" in out
+    assert "training set: the paper's training set, Jiawei415/DPAO_filter" in out
+    assert f"wrote {tmp_path / D.VAL_FILE} (5 rows)" in out
+
+
 def test_cli_errors(tmp_path, capsys):
     code, _, err = _cli(["data", "prepare", "--out", str(tmp_path)], capsys)
     assert code == 2 and "nothing to prepare" in err
+    code, _, err = _cli(["data", "prepare", "--paper-set", str(tmp_path / "nowhere")], capsys)
+    assert code == 2 and "nowhere: no such folder" in err
     code, _, err = _cli(["data", "prepare", "--dapo", str(tmp_path / "missing.parquet")], capsys)
     assert code == 2 and "missing.parquet: no such file or folder" in err
     (tmp_path / "x.csv").write_text("a,b\n")

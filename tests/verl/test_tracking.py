@@ -205,3 +205,32 @@ def test_a_retried_job_never_logs_a_step_twice(store, monkeypatch):
     ]  # fmt: skip
     assert [s for s, _ in sorted(history("val-core/acc_at_16"))] == [0, 1, 2, 3, 4, 5]
     assert [s for s, _ in sorted(history("only/attempt2"))] == [2, 3, 4, 5]  # per metric
+
+
+def test_a_job_whose_steps_never_reached_mlflow_ends_failed(store, monkeypatch):
+    """verl's MLflow adapter drops a step whose log_metrics failed three times and trains on, and
+    verl's TaskRunner would end the run FINISHED: the job refuses, naming why."""
+    _, client, _ = store
+    run_id = job_of_a_new_run(store, monkeypatch, "trial-5")
+    config = job_config()
+    logger = start_verl_tracking(config)
+    tracking.start_of_training(config, logger)
+    logger.log({"val-core/aime24/acc/mean@16": 0.1}, step=0)  # validation alone is no training
+    with pytest.raises(TrackingError, match="no training metrics at all"):
+        tracking.require_training_metrics(config, last_step=1)
+    logger.log({tracking.STEP_METRIC: 1, "actor/pg_loss": 0.5}, step=1)
+    tracking.require_training_metrics(config, last_step=1)  # step 1 is held: nothing to refuse
+    # Step 2: MLflow refuses the batch (a value that is not a number); verl's adapter warns only.
+    logger.log({tracking.STEP_METRIC: 2, "actor/pg_loss": "not a number"}, step=2)
+    assert [m.step for m in client.get_metric_history(run_id, tracking.STEP_METRIC)] == [1]
+    with pytest.raises(TrackingError, match="after step 1"), tracking.failure_marked():
+        tracking.require_training_metrics(config, last_step=2)
+    logger.finish()  # verl's TaskRunner, afterwards
+    run = client.get_run(run_id)
+    reason = run.data.tags[tracking.FAILURE_TAG]
+    assert run.info.status == "FAILED" and "training ended at step 2" in reason
+    assert "three failed log_metrics calls" in reason
+    with pytest.raises(TrackingError, match="before its first step"):
+        tracking.require_training_metrics(config, last_step=0)
+    console_only = OmegaConf.merge(config, {"trainer": {"logger": ["console"]}})
+    tracking.require_training_metrics(console_only, last_step=2)  # no MLflow: nothing to hold

@@ -28,6 +28,7 @@ loopback, and nothing of the sweep is left running.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import subprocess
@@ -181,6 +182,10 @@ def test_each_trial_trained_something_and_logged_every_step_once(smoke):
         # GRPO's token-mean loss -A r is ~0 at r ~ 1 (advantages sum to 0 per group); its
         # gradient is not: sum_t -A_t grad log pi(y_t) over different responses.
         assert any(v > 0 for _, v in _history(client, run, "actor/grad_norm")), name
+        # the policy's entropy in nats, every step (pdmask's hook: bypass mode logs none in verl)
+        entropy = _history(client, run, "actor/entropy")
+        assert [s for s, _ in entropy] == list(range(1, STEPS + 1)), f"{name}: {entropy}"
+        assert all(0 < v <= math.log(512) for _, v in entropy), f"{name}: {entropy}"
         missing = [v for _, v in _history(client, run, "actor/pdm/topk_missing_frac")]
         assert missing == [0.0] * STEPS, f"{name}: tokens without a top-K {missing}"
         if method == NEW_METHOD:  # its loss ran on verl: the recipe's own metric, every step

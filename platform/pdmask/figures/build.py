@@ -253,8 +253,8 @@ def build_figure(
     markdown = _write_summary(ctx, cells, y_label)
 
     notes = [
-        " ".join(f"{p.title}: {n}".split())  # titles and notes may hold line breaks
-        for p, panel in zip(spec.panels, panels, strict=True)
+        " ".join(f"{panel.title}: {n}".split())  # titles and notes may hold line breaks
+        for panel in panels
         for n in panel.notes
     ]
     notes += [

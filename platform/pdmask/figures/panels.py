@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,9 +12,14 @@ from pdmask.figures.cells import CellCurves
 from pdmask.figures.render import Line, Panel, StopMark
 from pdmask.figures.runs import Selection
 from pdmask.figures.series import aggregate_seeds
-from pdmask.figures.spec import BandSpec, FigureSpec
+from pdmask.figures.spec import PRECISION_FIELD, BandSpec, FigureSpec, PanelSpec
 from pdmask.figures.styles import MethodStyle
 from pdmask.registry.backends import BACKENDS
+from pdmask.registry.catalog import PRECISIONS
+
+# Characters per line of a precision label in a panel title: a label wraps at word boundaries to
+# stay within the panel's width at the layouts' font sizes (1.55 in at 8 pt holds about 26).
+TITLE_LABEL_WIDTH = 24
 
 
 def _line(method: str, cell: CellCurves, band: BandSpec) -> Line | None:
@@ -27,9 +33,21 @@ def _line(method: str, cell: CellCurves, band: BandSpec) -> Line | None:
     return Line(method, aggregate_seeds(cell.smoothed, band), stops)
 
 
-def honest_title(title: str, backends: set[str]) -> str:
-    """The panel's title as its runs make it true: "Qwen3-4B-Base stand-in" when every run of
-    the panel trained a backend's small stand-in of the named model (the embedded backend)."""
+def precision_label(precision: str, backends: set[str]) -> str:
+    """What a panel's precision setting is on the backend that trained its runs (the catalog's
+    ``label_on``); with no runs, or runs of several backends, the label that claims nothing."""
+    spec = PRECISIONS.get(precision)
+    if spec is None:  # a spec may select a tag value the catalog does not know
+        return precision
+    return spec.label_on(next(iter(backends)) if len(backends) == 1 else None)
+
+
+def honest_title(panel: PanelSpec, backends: set[str]) -> str:
+    """The panel's title as its runs make it true: ``{precision}`` becomes what the setting is
+    on the backend that trained them (fp8-e2e trains in BF16 on VeRL), and "Qwen3-4B-Base
+    stand-in" when every run trained a backend's small stand-in of the named model."""
+    label = "\n".join(textwrap.wrap(precision_label(panel.precision, backends), TITLE_LABEL_WIDTH))
+    title = panel.title.replace(PRECISION_FIELD, label)
     known = [BACKENDS.get(b) for b in backends]
     if not known or not all(spec and spec.trains_stand_ins for spec in known):
         return title
@@ -48,7 +66,7 @@ def _backends(selection: Selection, setting: str) -> set[str]:
 
 def panel_titles(spec: FigureSpec, selection: Selection) -> dict[str, str]:
     """Each setting's title as its panel shows it (:func:`honest_title`), by setting key."""
-    return {p.key: honest_title(p.title, _backends(selection, p.key)) for p in spec.panels}
+    return {p.key: honest_title(p, _backends(selection, p.key)) for p in spec.panels}
 
 
 def make_panels(
@@ -66,7 +84,7 @@ def make_panels(
     panels = []
     for p in spec.panels:
         backends = _backends(selection, p.key)
-        panel = Panel(honest_title(p.title, backends))
+        panel = Panel(honest_title(p, backends))
         missing, running = [], 0
         for method in series or spec.methods:
             cell = cells.get((p.key, method))

@@ -100,11 +100,18 @@ class MetricSpec(_Strict):
     )
 
 
+PRECISION_FIELD = "{precision}"
+
+
 class PanelSpec(_Strict):
     """One panel = one training setting, selected by the model and precision tags of the runs."""
 
     key: str = Field(description="Short id of the setting (e.g. 4b-bf16); used in the CSV files.")
-    title: str = Field(description="Panel title as printed on the figure.")
+    title: str = Field(
+        description=f"Panel title as printed on the figure; `{PRECISION_FIELD}` in it becomes "
+        "what the precision setting is on the backend that trained the panel's runs (the "
+        "catalog's label: fp8-e2e is BF16 training with an FP8 rollout and KV cache on VeRL)."
+    )
     model: str = Field(description="Runs whose `pdm.model` tag equals this (e.g. qwen3-4b-base).")
     precision: str = Field(
         description="Runs whose `pdm.precision` tag equals this (bf16, fp8-e2e, fp8-rollout)."

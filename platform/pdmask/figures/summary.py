@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from pdmask.figures.panels import honest_title
 from pdmask.figures.runs import RunRecord
 from pdmask.figures.series import Curve
 from pdmask.figures.spec import FigureSpec
@@ -131,9 +132,10 @@ def summary_markdown(
     spec: FigureSpec, rows: list[dict], metric_label: str, titles: dict[str, str] | None = None
 ) -> str:
     """The summary as Markdown tables (what the CLI prints and the paper draft pastes).
-    ``titles``: each setting's title as its panel shows it (default: the spec's)."""
+    ``titles``: each setting's title as its panel shows it (default: as a panel without runs
+    shows it)."""
     level = spec.paired.level if spec.paired else 0.95
-    titles = titles or {p.key: p.title for p in spec.panels}
+    titles = titles or {p.key: honest_title(p, set()) for p in spec.panels}
     titles = {key: " ".join(title.split()) for key, title in titles.items()}  # one line per cell
 
     def cell(mean: float, ci: float, n: int) -> str:

@@ -76,9 +76,22 @@ class PrecisionSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = Field(description="Registry name used in sweeps and the `pdm.precision` tag.")
-    label: str = Field(description="Short label for figure panels (cosmetic).")
+    label: str = Field(
+        description="Short label where no backend is known (a figure panel without runs, or "
+        "with runs of several backends): it claims nothing some backend does not do."
+    )
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Per backend name, what the setting is on that backend, as figure panels, "
+        "run descriptions and the `pdm.precision_label` tag name it; `label` for a backend "
+        "not listed.",
+    )
     verl: str = Field(description="What VeRL runs: rollout and trainer numerics.")
     sim: str = Field(description="What the embedded backend emulates.")
+
+    def label_on(self, backend: str | None) -> str:
+        """What the setting is on ``backend`` (None: unknown, ``label``)."""
+        return self.labels.get(backend, self.label) if backend else self.label
 
 
 class ClusterProfile(BaseModel):
@@ -246,9 +259,16 @@ PRECISIONS: dict[str, PrecisionSpec] = {
         ),
         PrecisionSpec(
             name="fp8-e2e",
-            label="FP8 end-to-end",
-            verl="FP8 rollout as above plus FP8 training as far as verl 0.9.1 supports it "
-            "(see the VeRL backend's README for what is and is not possible).",
+            # The paper's "FP8 end-to-end" trains in FP8 (Megatron + TransformerEngine); verl
+            # 0.9.1's FSDP engine, the one whose logits pdmask's hook sees, trains in BF16 only.
+            label="fp8-e2e",
+            labels={
+                "verl": "FP8 rollout + KV cache, BF16 training",
+                "sim": "FP8 end-to-end (emulated)",
+            },
+            verl="vLLM rollout with FP8 (e4m3) weights, as fp8-rollout, plus an FP8 KV cache; "
+            "FSDP actor in BF16 (not the paper's FP8 training: the VeRL backend's README says "
+            "why).",
             sim="FP8 behaviour weights, and the trainer's forward FP8-emulated too.",
         ),
     ]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdmask.registry.catalog import PrecisionName
+from pdmask.registry.catalog import PRECISIONS, PrecisionName
 from pdmask.registry.recipe_files import RecipeSource
 from pdmask.registry.sim_knobs import knob_tag, knobs_label
 
@@ -116,6 +116,8 @@ class Trial(BaseModel):
             "pdm.method_label": self.method_label(),
             "pdm.model": self.model,
             "pdm.precision": self.precision,
+            # what the setting is on this backend (fp8-e2e trains in BF16 on VeRL)
+            "pdm.precision_label": self.precision_label(),
             "pdm.setting": self.setting,
             "pdm.delta": "" if self.delta is None else repr(float(self.delta)),
             "pdm.seed": str(self.seed),
@@ -149,11 +151,16 @@ class Trial(BaseModel):
         extra = ", ".join([*varied, *([knobs] if knobs else [])])
         return f"{self.method} ({extra})" if extra else self.method
 
+    def precision_label(self) -> str:
+        """The precision setting as what it is on this trial's backend (catalog ``PRECISIONS``)."""
+        return PRECISIONS[self.precision].label_on(self.backend)
+
     def description(self) -> str:
         """One sentence on what the run is (its description in the MLflow UI)."""
         delta = "" if self.delta is None else f", delta {self.delta:g}"
+        precision = f"{self.precision} ({self.precision_label()})"
         return (
-            f"{self.method_label()} on {self.model}, {self.precision}{delta}, seed {self.seed}: "
+            f"{self.method_label()} on {self.model}, {precision}{delta}, seed {self.seed}: "
             f"a trial of sweep {self.sweep} on the {self.backend} backend ({self.profile} profile)."
         )
 

@@ -1,13 +1,16 @@
-"""DAPO-Math-17k and AIME24/AIME25 → VeRL RL parquet files.
+"""DAPO-Math-17k (or the paper's filtered copy of it) and AIME24/AIME25 → VeRL RL parquet files.
 
-Input: files the user downloaded (``.parquet``, ``.jsonl``, ``.json``, or a folder of them). Two
+Input: files the user downloaded; for training either DAPO-Math-17k (``--dapo``) or a local copy of
+the paper's filtered set ``Jiawei415/DPAO_filter`` (``--paper-set``: its ``train/`` shards, and its
+``test/aime24``, ``test/aime25`` files unless AIME files are given; ``paper_set.py``). The
+manifest and the printed summary say which, and how the training set differs from the paper's (``.parquet``, ``.jsonl``, ``.json``, or a folder of them). Two
 layouts are understood, with column names matched case-insensitively:
 
 - **VeRL/DAPO layout** (``BytedTsinghua-SIA/DAPO-Math-17k``, also ``.../AIME-2024``):
   ``prompt`` (a list of chat messages, or a string) and ``reward_model.ground_truth``; the problem
   is the last user message with DAPO's instruction prefix and ``Remember to put your answer ...``
-  suffix (or a ``Please reason step by step ... \\boxed{}`` suffix) removed; the source id is
-  ``extra_info.index`` when present.
+  suffix (or a ``Please reason step by step ... \\boxed{}`` or ``Let's think step by step ...
+  \\boxed{}`` suffix) removed; the source id is ``extra_info.index`` when present.
 - **Flat layout** (``HuggingFaceH4/aime_2024``, ``Maxwell-Jia/AIME_2024``, ``yentinglin/aime_2025``,
   ``opencompass/AIME2025``, ``math-ai/aime25``, ...): a problem column (``problem``, ``question``,
   ``prompt``, ``query``) and an answer column (``answer``, ``ground_truth``, ``final_answer``,
@@ -59,6 +62,7 @@ from pdmask.backends.verl.data_files import (
     iter_rows,
     require_pyarrow,
 )
+from pdmask.backends.verl.paper_set import PAPER_SET, how_it_differs, paper_set_files
 from pdmask.errors import ConfigError
 
 PROMPT_PREFIX = (
@@ -82,8 +86,9 @@ _PREFIX_PATTERN = re.compile(
     r"where \$Answer is the answer to the problem\.?\s*"
 )
 _DAPO_SUFFIX = "Remember to put your answer on its own line after"
-_BOXED_SUFFIX_RE = re.compile(
-    r"\s*Please reason step by step,? and put your final answer within \\boxed\{\}\.?\s*\Z"
+_BOXED_SUFFIX_RE = re.compile(  # the \boxed{} instructions of verl's math data recipes
+    r"\s*(?:Please reason step by step,? and put your final answer within \\boxed\{\}\.?"
+    r"|Let's think step by step and output the final answer within \\boxed\{\}\.?)\s*\Z"
 )
 _THOUSANDS_RE = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+$")
 _DECIMAL_RE = re.compile(r"^[+-]?\d+(?:\.\d*)?$")
@@ -361,11 +366,14 @@ class PrepareResult:
     written: dict[str, Path]
     counts: dict[str, int]
     reports: list[DatasetReport]
+    training_set: str | None = None  # how the training set differs from the paper's
 
     def lines(self) -> list[str]:
         out: list[str] = []
         for report in self.reports:
             out.extend(report.lines())
+        if self.training_set:
+            out.append(f"training set: {self.training_set}")
         for kind, path in self.written.items():
             if kind == "manifest":
                 out.append(f"wrote {path}")
@@ -380,13 +388,26 @@ def prepare(
     aime25: Sequence[str | os.PathLike[str]] = (),
     out_dir: str | os.PathLike[str] | None = None,
     decontaminate: bool = False,
+    paper_set: str | os.PathLike[str] | None = None,
 ) -> PrepareResult:
     """Convert the given sources; write the training and/or validation parquet and a manifest.
 
-    Every input is read and checked before anything is written.
+    ``paper_set``: a local copy of the paper's training set (:data:`paper_set.PAPER_SET`), in
+    place of ``dapo``; its AIME files serve where ``aime24``/``aime25`` are not given. Every input
+    is read and checked before anything is written.
     """
+    if paper_set is not None:
+        if dapo:
+            raise ConfigError(
+                "--dapo and --paper-set both name a training set: give one (--paper-set is the "
+                f"paper's, {PAPER_SET})"
+            )
+        found = paper_set_files(paper_set)
+        dapo, aime24, aime25 = found.train, aime24 or found.aime24, aime25 or found.aime25
     if not (dapo or aime24 or aime25):
-        raise ConfigError("nothing to prepare: give --dapo and/or --aime24/--aime25 files")
+        raise ConfigError(
+            "nothing to prepare: give --dapo or --paper-set, and/or --aime24/--aime25 files"
+        )
     targets = prepared_files(out_dir)
 
     reports: list[DatasetReport] = []
@@ -399,8 +420,9 @@ def prepare(
     val_keys = {dedup_key(r.problem) for recs in val_records.values() for r in recs}
 
     train_records: list[Record] | None = None
+    training_set = None
     if dapo:
-        train_records, report = load_records("dapo", dapo)
+        train_records, report = load_records("paper-set" if paper_set else "dapo", dapo)
         overlapping = [r for r in train_records if dedup_key(r.problem) in val_keys]
         report.validation_overlap = len(overlapping)
         if decontaminate and overlapping:
@@ -408,6 +430,7 @@ def prepare(
             report.dropped["overlaps_validation"] = len(overlapping)
             report.kept = len(train_records)
         reports.insert(0, report)
+        training_set = how_it_differs(paper_set is not None, report.kept, report.dropped)
 
     for report in reports:
         if report.kept == 0:
@@ -429,7 +452,9 @@ def prepare(
             "sha256": digest,
             "data_sources": {TRAIN_DATA_SOURCE: len(rows)},
             "decontaminated": decontaminate,
-            "sources": {r.name: r.to_dict() for r in reports if r.name == "dapo"},
+            "sources": {r.name: r.to_dict() for r in reports[:1]},
+            "paper_set": paper_set is not None,
+            "differs_from_paper": training_set,
         }
     if val_records:
         rows = []
@@ -446,7 +471,7 @@ def prepare(
         }
     _write_manifest(targets["manifest"], manifest_entries)
     written["manifest"] = targets["manifest"]
-    return PrepareResult(targets["train"].parent, written, counts, reports)
+    return PrepareResult(targets["train"].parent, written, counts, reports, training_set)
 
 
 def _write_manifest(path: Path, entries: dict[str, Any]) -> None:

@@ -6,7 +6,7 @@ A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``
 - ``overrides``: verl's Hydra overrides, generated from the registry: the method and its
   parameters, delta, the model (path, rollout tensor parallelism, sequence parallelism, offload),
   the precision, nodes x GPUs on the cluster profile, the seed, the number of steps, the data and
-  reward, and the paper's setup (:class:`~pdmask.backends.verl.jobs_setup.PaperSetup`);
+  reward, and the paper's setup for the trial's model (``jobs_setup.PAPER_SETUPS``);
 - ``runtime_env``: the Ray job's environment (it reaches every actor on every node): the pdmask
   plugin module, the MLflow tracking URI, once pdmask has pre-created the trial's run at
   submission ``MLFLOW_RUN_ID``, and the trial's recipe file itself, as planned (``file_recipes``:
@@ -33,7 +33,7 @@ from typing import Any
 
 from pdmask.backends.interface import submission_id
 from pdmask.backends.verl.collectives import TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
-from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
+from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup, paper_setup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
 from pdmask.paths import state_dir
@@ -80,7 +80,7 @@ AIME_PROBLEMS_PER_YEAR = 30  # AIME I + II, 15 problems each: the validation pro
 
 def workload(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Workload:
     """What the trial's job computes and saves, in the cost model's terms."""
-    setup = setup or setup_for(cluster)
+    setup = setup or setup_for(cluster, trial.model)
     if on_cpu(cluster):
         val_prompts = 0  # the tiny task's: its cost is the catalog's measured step time
     else:
@@ -102,7 +102,7 @@ def workload(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Wor
 
 def layout(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Layout:
     """The trial's vLLM rollout layout (raises ValidationFailed naming each broken rule)."""
-    setup = setup or setup_for(cluster)
+    setup = setup or setup_for(cluster, trial.model)
     try:
         return rollout_layout(
             trial.model,
@@ -184,13 +184,14 @@ def _data_files(settings: JobSettings, cluster: str) -> dict[str, Path]:
     return prepared_files(settings.data_dir)
 
 
-def setup_for(cluster: str) -> PaperSetup:
-    """The training setup of a cluster profile's jobs: the paper's, or toy sizes on CPU."""
+def setup_for(cluster: str, model: str | None = None) -> PaperSetup:
+    """The training setup of a model's jobs on a cluster profile: the paper's for that model
+    (``jobs_setup.PAPER_SETUPS``), or toy sizes on CPU; ``model`` None: what all models share."""
     if on_cpu(cluster):
         from pdmask.backends.verl.cpu_profile import CPU_SETUP
 
         return CPU_SETUP
-    return PaperSetup()
+    return paper_setup(model)
 
 
 def eval_metrics(cluster: str) -> list[str]:
@@ -251,6 +252,7 @@ def _trial_extra(
         f"{_R}.val_kwargs.temperature": setup.val_temperature,
         f"{_R}.val_kwargs.top_p": setup.val_top_p,
         f"{_A}.ppo_mini_batch_size": setup.ppo_mini_batch_size,
+        f"{_A}.ppo_epochs": setup.ppo_epochs,
         # dynamic batching packs tokens; one sequence must always fit a GPU's budget
         f"{_A}.ppo_max_token_len_per_gpu": 2
         * (setup.max_prompt_length + setup.max_response_length),
@@ -327,7 +329,7 @@ def trial_overrides(
 
 def _overrides(trial, sweep, cluster, settings, setup, file_recipe, recipe_problems) -> list[str]:
     settings = settings or JobSettings.from_env()
-    setup = setup or setup_for(cluster)
+    setup = setup or setup_for(cluster, trial.model)
     res = trial_resources(trial, cluster)
     problems = _resource_problems(trial, cluster, res) + recipe_problems
     if problems:

@@ -1,12 +1,15 @@
 """What every VeRL job of a sweep shares: the paper's training setup and the site's settings.
 
-``PaperSetup`` holds the experiment's hyperparameters. Where ``paper.md`` gives a value it is
-used: GRPO advantages, DAPO-Math-17k for training, AIME24 + AIME25 for evaluation with 16 samples
-per problem (avg@16), K = 20, clip-higher 0.2 / 0.28 (the ``grpo-clip-higher`` recipe's own
-defaults). The paper does not give batch sizes, lengths or the optimizer's settings; those fields
-are documented defaults taken from verl's DAPO recipe, scaled to the paper's 32-GPU cluster.
-Change any of them for a site with ``PDM_VERL_OVERRIDES`` (below), which replaces generated
-overrides of the same key.
+``PaperSetup`` holds the experiment's hyperparameters, per model (:data:`PAPER_SETUPS`), from the
+paper's appendix table (arXiv 2607.10848; ``paper.md``, "The paper's own setup"): learning rate
+1e-6, one PPO epoch, prompt/response 2,048/8,192 tokens, mini-batch 16, train batch x group
+64 x 8 for Qwen3-4B-Base and 128 x 16 for Qwen3-8B-Base and Qwen3-30B-A3B-Base, evaluation avg@16
+on AIME24 and AIME25. The rest of the paper's table lives where it applies to every job: rollout
+temperature 1.0 (``overrides.verl_overrides``, which the start-up checks hold), K = 20 (the
+recipes' ``topk``), GRPO advantages. What the paper does not give (weight decay, warm-up, the
+evaluation's top-p, checkpoint cadence) is a documented default per field, from verl's DAPO
+recipe. A model the paper did not train gets the 8B/30B setup. Change any of it for a site with
+``PDM_VERL_OVERRIDES`` (below), which replaces generated overrides of the same key.
 
 ``JobSettings`` says where things are on the cluster. It is read from environment variables of
 the submitting shell, because these are facts about a site, not about a trial: they never enter a
@@ -26,34 +29,38 @@ from pdmask.watchdog import site_bounds
 
 
 class PaperSetup(BaseModel):
-    """The training and evaluation setup of every VeRL trial (defaults documented per field)."""
+    """The training and evaluation setup of a VeRL trial (defaults: the paper's 8B/30B row)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     train_batch_size: int = Field(
-        256,
-        description="Prompts per RL step (verl `data.train_batch_size`). Default: DAPO's 512 "
-        "halved for 32 GPUs; not given by the paper.",
+        128,
+        description="Prompts per RL step (verl `data.train_batch_size`): the paper's 128 for 8B "
+        "and 30B-A3B, 64 for 4B.",
     )
     group_size: int = Field(
         16,
-        description="Responses per prompt, the GRPO group (`actor_rollout_ref.rollout.n`). "
-        "DAPO's value; not given by the paper.",
+        description="Responses per prompt, the GRPO group (`actor_rollout_ref.rollout.n`): the "
+        "paper's 16 for 8B and 30B-A3B, 8 for 4B.",
     )
     ppo_mini_batch_size: int = Field(
-        32,
-        description="Prompts per optimizer step. train_batch_size / ppo_mini_batch_size = 8 "
-        "updates per rollout batch: the staleness that makes mu differ from pi (paper, Setting).",
+        16,
+        description="Prompts per optimizer step (verl counts prompts, each with its group): the "
+        "paper's mini-batch 16. train_batch_size / ppo_mini_batch_size updates per rollout batch "
+        "(8 for 8B/30B, 4 for 4B): the staleness that makes mu differ from pi (paper, Setting).",
     )
-    max_prompt_length: int = Field(2048, description="Prompt tokens (DAPO's value).")
+    ppo_epochs: int = Field(1, description="Passes over each rollout batch (the paper's 1).")
+    max_prompt_length: int = Field(2048, description="Prompt tokens (the paper's 2,048).")
     max_response_length: int = Field(
-        8192,
-        description="Generated tokens per response: a cost choice (DAPO used 20480 for its 32B "
-        "model). Not given by the paper.",
+        8192, description="Generated tokens per response (the paper's 8,192)."
     )
-    learning_rate: float = Field(1e-6, description="AdamW learning rate (DAPO's value).")
-    weight_decay: float = Field(0.1, description="AdamW weight decay (DAPO's value).")
-    warmup_steps: int = Field(10, description="Linear learning-rate warm-up steps (DAPO's value).")
+    learning_rate: float = Field(1e-6, description="AdamW learning rate (the paper's 1e-6).")
+    weight_decay: float = Field(
+        0.1, description="AdamW weight decay (DAPO's value; not given by the paper)."
+    )
+    warmup_steps: int = Field(
+        10, description="Linear learning-rate warm-up steps (DAPO's value; not given by the paper)."
+    )
     grad_clip: float = Field(1.0, description="Gradient-norm clip (verl's default).")
     val_samples: int = Field(
         16,
@@ -73,6 +80,20 @@ class PaperSetup(BaseModel):
     total_epochs: int = Field(
         1000, description="Upper bound on data epochs; a trial stops at its `steps` first."
     )
+
+
+PAPER_SETUPS: dict[str, PaperSetup] = {
+    "qwen3-4b-base": PaperSetup(train_batch_size=64, group_size=8),
+    "qwen3-8b-base": PaperSetup(),
+    "qwen3-30b-a3b-base": PaperSetup(),
+}
+"""The paper's setup per registry model (its appendix table); see the module docstring."""
+
+
+def paper_setup(model: str | None) -> PaperSetup:
+    """The paper's setup of ``model``; the 8B/30B row for a model the paper did not train (and
+    for None: what every model shares, e.g. the evaluation)."""
+    return PAPER_SETUPS.get(model, PaperSetup()) if model else PaperSetup()
 
 
 class JobSettings(BaseModel):

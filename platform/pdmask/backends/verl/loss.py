@@ -15,7 +15,8 @@ modes that verl's FSDP engine calls in turn for every micro-batch:
    aggregates with verl's ``agg_loss``.
 
 A recipe that is one of verl's own losses (``grpo-clip-higher`` is ``vanilla``) goes through
-``ppo_loss`` untouched.
+``ppo_loss`` untouched; its hook computes the policy's entropy only. Either way the loss adds
+``actor/entropy`` to verl's metrics (``metrics.add_entropy_metric``).
 """
 
 from __future__ import annotations
@@ -32,11 +33,13 @@ from verl.workers.utils.padding import no_padding_2_padding
 from pdmask.backends.verl import compat
 from pdmask.backends.verl.config import DEFAULT_TOPK
 from pdmask.backends.verl.file_recipes import FileRecipe, pdmask_losses
-from pdmask.backends.verl.metrics import diagnostic_metrics
+from pdmask.backends.verl.metrics import add_entropy_metric, diagnostic_metrics
 from pdmask.backends.verl.processor import (
+    ENTROPY_KEY,
     OLD_PHASE,
     STAT_KEY,
     StatsSettings,
+    entropy_outputs,
     old_policy_topk_outputs,
     phase,
     statistics_outputs,
@@ -117,15 +120,20 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
     settings = LossSettings.from_actor_config(config)
     old_phase = phase(data) == OLD_PHASE
     if student_logits is not None:  # called as the logits hook
-        if settings is None:
-            return {}
+        if settings is None:  # verl's own loss: the policy's entropy is all pdmask adds
+            return entropy_outputs(student_logits, data)
         if old_phase:
             return old_policy_topk_outputs(student_logits, data, settings.topk, settings.chunk_size)
         return statistics_outputs(student_logits, data, settings.stats_settings())
     if old_phase:  # the old-policy pass only wanted the hook's outputs
         return torch.zeros(()), {}
     if settings is None:
-        return ppo_loss(config, model_output, data, dp_group)
+        loss, metrics = ppo_loss(config, model_output, data, dp_group)
+        if ENTROPY_KEY in model_output:  # absent where the engine did not call the hook
+            entropy = no_padding_2_padding(model_output[ENTROPY_KEY], data)
+            mask = data.select("response_mask").to_padded_tensor()["response_mask"]
+            add_entropy_metric(metrics, entropy, mask, config)
+        return loss, metrics
 
     stat_keys = [key for key in model_output if key.startswith(STAT_KEY.format(""))]
     if not stat_keys:
@@ -157,6 +165,7 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
             dp_size=tu.get_non_tensor_data(data, "dp_size", 1),
         )
     )
+    add_entropy_metric(metrics, stats.entropy, valid, config)
     return loss, metrics
 
 

@@ -7,13 +7,15 @@ returned ``(1, N)`` tensor comes back in ``model_output`` as a nested per-sample
 over Ulysses sequence parallelism. ``N`` is this rank's packed rows: row ``i`` holds the
 (temperature-scaled) logits that predict packed token ``i+1``.
 
-Two uses:
+Three uses:
 
 - training: the per-token trust-region statistics of the math API (``compute_token_stats``), read
   from the logits in row chunks without an ``[N, V]`` float32 copy; the entropy and the support's
   log-probs a recipe needs come out of the same pass with their gradients, which flow back through
   the engine's gather and nesting of hook outputs (differentiable, as for verl's own log-probs)
-  into the model;
+  into the model. The policy's entropy always comes out of that pass, as a value where no recipe
+  differentiates it: verl logs none in bypass mode, and the figures read ``actor/entropy``;
+- training with one of verl's own losses (``vanilla``): the entropy alone (:func:`entropy_outputs`);
 - the old-policy pass (``pdm_mu_source=recompute``): pi_old's own top-K and sampled-token log-probs,
   which then play mu's part in the same data layout as the rollout's top-K.
 """
@@ -28,10 +30,11 @@ from verl.utils.ulysses import get_ulysses_sequence_parallel_world_size, slice_i
 
 from pdmask.backends.verl.layout import OLD_ID_KEY, OLD_LP_KEY, packed_rows
 from pdmask.trust_region import SENTINEL_THRESHOLD, TokenStats, compute_token_stats
-from pdmask.trust_region.logits_pass import rows_per_chunk
-from pdmask.trust_region.stats import GRADIENT_INPUTS, SupportLogProbs
+from pdmask.trust_region.logits_pass import chunked_logits_pass, rows_per_chunk
+from pdmask.trust_region.stats import ENTROPY, GRADIENT_INPUTS, SupportLogProbs
 
 STAT_KEY = "pdm_stat_{}"
+ENTROPY_KEY = STAT_KEY.format(ENTROPY)  # H(pi) per packed row, for every loss
 SUPPORT_PREFIX = "support_view_"  # STAT_KEY names of the support view (support_view_<field>_<slot>)
 PHASE_KEY = "pdm_phase"
 OLD_PHASE = "old"
@@ -77,7 +80,9 @@ def statistics_outputs(
 
     No gradient, except for the differentiable inputs the recipe needs (``settings.inputs``): the
     policy gradient flows through verl's own ``log_probs``; the statistics only decide the mask
-    and feed the diagnostics.
+    and feed the diagnostics. The entropy is one of them whether or not the recipe needs it: the
+    pass computes it in the sweep it makes anyway (``benchmarks/bench_loss.py``, paths
+    ``hook-stats`` and ``hook-stats-entropy``, measures what it adds).
     """
     differentiable = set(settings.inputs) & set(GRADIENT_INPUTS)
     with torch.set_grad_enabled(torch.is_grad_enabled() and bool(differentiable)):
@@ -106,7 +111,7 @@ def _statistics_outputs(student_logits, data, settings: StatsSettings, different
             mu_sampled,
             chunk_size=settings.chunk_size,
             support=settings.support,
-            inputs=tuple(differentiable),
+            inputs=(*differentiable, ENTROPY),
         )
     out = {
         STAT_KEY.format(name): (t if name in differentiable else t.detach()).unsqueeze(0)
@@ -116,6 +121,22 @@ def _statistics_outputs(student_logits, data, settings: StatsSettings, different
     if stats.support is not None:
         out.update(_support_outputs(stats.support))
     return out
+
+
+@torch.no_grad()
+def entropy_outputs(
+    student_logits: torch.Tensor, data, chunk_size: int | None = None
+) -> dict[str, torch.Tensor]:
+    """H(pi) for every packed row as one ``(1, N)`` output (no gradient): what the hook computes
+    for a loss that is verl's own, in the same logits pass (support: the sampled token only)."""
+    logits = student_logits.squeeze(0)
+    sampled = _sampled_ids(data, logits.device)
+    _check_rows("input_ids", sampled.shape[0], logits)
+    with torch.autocast(device_type=logits.device.type, enabled=False):
+        lp = chunked_logits_pass(
+            logits, sampled, sampled[:, None], chunk_size=chunk_size, entropy=True
+        )
+    return {ENTROPY_KEY: lp.entropy.unsqueeze(0)}
 
 
 def _support_outputs(support: SupportLogProbs) -> dict[str, torch.Tensor]:

@@ -12,7 +12,10 @@ verl's ``Tracking`` (in the TaskRunner process) logs into MLflow: experiment =
 In the job, pdmask's trainer then checks that verl's MLflow backend really started, adds what only
 the job knows (verl version, loss, mu source, rollout precision), logs the resolved config as an
 artifact, and marks the run FAILED, with the reason, when the job raises (verl would mark a crashed
-run FINISHED). A retried job logs into the same run and resumes from its last checkpoint, so verl
+run FINISHED). verl's adapter drops a step's metrics after three failed ``log_metrics`` calls and
+trains on, and its TaskRunner ends the run FINISHED whatever was logged: so when training ends, the
+job refuses to end successfully unless the run holds its last step's training metrics
+(:func:`require_training_metrics`). A retried job logs into the same run and resumes from its last checkpoint, so verl
 logs the steps after that checkpoint again: pdmask's guard around verl's MLflow adapter drops every
 value of a step the run already holds for that metric, so a history never has a step twice.
 """
@@ -192,6 +195,47 @@ def last_logged_step() -> int | None:
         return max(_last_step(client, run_id, STEP_METRIC), 0)
     except Exception:
         return None
+
+
+def _run_of_this_job():
+    """(client, run id) of the run verl logs into: the pre-created one, else the active one."""
+    job = _job_run()
+    if job is not None:
+        return job
+    import mlflow
+
+    run = mlflow.active_run()
+    return (mlflow.MlflowClient(), run.info.run_id) if run is not None else None
+
+
+def require_training_metrics(config, last_step: int) -> None:
+    """``TrackingError`` unless the job's run holds the training metrics of ``last_step``, the
+    last step verl trained (nothing for a job that logs to no MLflow)."""
+    if not uses_mlflow(config):
+        return
+    if last_step < 1:
+        raise TrackingError("training ended before its first step: the run holds no training")
+    job = _run_of_this_job()
+    if job is None:
+        raise TrackingError(
+            f"training ended at step {last_step}, but the job has no MLflow run to hold it"
+        )
+    client, run_id = job
+    try:
+        held = _last_step(client, run_id, STEP_METRIC)
+    except Exception as err:
+        raise TrackingError(
+            f"training ended at step {last_step}, but its run {run_id} cannot be read to confirm "
+            f"its metrics are there: {err}"
+        ) from err
+    if held < last_step:
+        raise TrackingError(
+            f"training ended at step {last_step}, but run {run_id} holds no training metrics "
+            + ("at all" if held < 0 else f"after step {held}")
+            + f" ({STEP_METRIC}): verl's MLflow adapter drops a step's metrics after three failed "
+            "log_metrics calls and trains on (its warnings are in the job's log); the curves "
+            "would end early without a trace"
+        )
 
 
 def tag_run(tags: dict[str, str]) -> None:

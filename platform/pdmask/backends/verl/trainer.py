@@ -3,7 +3,10 @@
 - start-up checks of the settings pdmask's methods depend on, before any GPU is allocated;
 - pdmask's actor worker (loss + logits hook) in place of verl's;
 - the old-policy pass marker when mu is recomputed by the trainer (``pdm_mu_source=recompute``);
-- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure;
+- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure, and a
+  job whose run holds no training metrics for its last step ends failed, naming why (verl's
+  MLflow adapter drops a step it could not log after three tries and trains on);
+- ``actor/entropy``: verl's own where its old-log-prob pass ran, else pdmask's (``metrics.py``);
 - the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound;
 - a retry resumes from the newest checkpoint whose steps are all logged (``resume.py``).
 """
@@ -19,6 +22,7 @@ from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from pdmask.backends.verl import compat, resume, tracking, watchdog
 from pdmask.backends.verl.checks import TRAINER_NAME, check_job_config
 from pdmask.backends.verl.loss_names import method_for_loss_mode
+from pdmask.backends.verl.metrics import ENTROPY_METRIC
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY
 from pdmask.backends.verl.worker import PDMActorRolloutRefWorker
 from pdmask.watchdog import Bounds
@@ -66,6 +70,9 @@ class PDMTrainerSync(PPOTrainerSync):
     def fit(self, agent_loop_manager):
         with tracking.failure_marked(self._failure_cause):
             super().fit(agent_loop_manager)
+            # verl returns after logging its last step and counting one more; before verl's
+            # TaskRunner ends the run FINISHED, the run must hold that step's metrics.
+            tracking.require_training_metrics(self.config, last_step=self.global_steps - 1)
         if self._watchdog is not None:
             self._watchdog.stop()
 
@@ -128,6 +135,16 @@ class PDMTrainerSync(PPOTrainerSync):
         for role in _ACTOR_ROLES:
             if role in self.role_worker_mapping:
                 self.role_worker_mapping[role] = worker
+
+    def _update_actor(self, batch, metrics):
+        # verl's actor/entropy, from its old-log-prob pass over the whole batch (run when mu is
+        # recomputed), is the exact one; pdmask's, from the first update's mini-batch, stands in
+        # for it where verl computed none (bypass mode).
+        verls = metrics.get(ENTROPY_METRIC)
+        batch = super()._update_actor(batch, metrics)
+        if verls is not None:
+            metrics[ENTROPY_METRIC] = verls
+        return batch
 
     def _compute_old_log_prob(self, batch, metrics):
         if not self.recompute_mu:

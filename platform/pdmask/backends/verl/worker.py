@@ -1,11 +1,13 @@
 """verl's actor worker with pdmask's loss installed and the logits hook switched on.
 
-Differences from ``ActorRolloutRefWorker``, all confined to pdmask's losses (``vanilla`` and every
-other verl loss run exactly as upstream):
+Differences from ``ActorRolloutRefWorker`` (``vanilla`` and every other verl loss compute exactly
+as upstream; pdmask only adds the policy's entropy to their metrics):
 
-- ``init_model`` replaces the actor's ``ppo_loss`` by ``pdm_ppo_loss`` (same actor config);
+- ``init_model`` replaces the actor's ``ppo_loss`` by ``pdm_ppo_loss`` (same actor config), which
+  runs verl's own losses through ``ppo_loss`` unchanged;
 - ``update_actor`` sets ``distillation_use_topk`` on the batch so verl's FSDP engine calls the
-  loss function on the logits (the flag's name is verl's; no distillation happens);
+  loss function on the logits (the flag's name is verl's; no distillation happens), and keeps
+  ``actor/entropy`` of the step's first mini-batch (``metrics.keep_first_update``);
 - ``compute_log_prob`` during the old-policy pass (``pdm_mu_source=recompute``) also asks for the
   hook and turns its per-slot outputs into the ``pdm_mu_topk_*`` fields, which verl's transfer
   queue bridge stores with the batch.
@@ -26,6 +28,7 @@ from verl.workers.engine_workers import ActorRolloutRefWorker
 from pdmask.backends.verl import compat, cpu_platform
 from pdmask.backends.verl.layout import TOPK_IDS, TOPK_LOGPROBS, stack_old_slots
 from pdmask.backends.verl.loss import LossSettings, pdm_ppo_loss
+from pdmask.backends.verl.metrics import keep_first_update
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY, phase
 from pdmask.errors import ConfigError
 
@@ -41,19 +44,30 @@ class PDMActorRolloutRefWorker(ActorRolloutRefWorker):
             cpu_platform.init_process_group()
             cpu_platform.register_engine()
         super().init_model()
-        self.pdm_settings = None
+        self.pdm_settings, self.pdm_hook = None, False
         if self.actor is None:
             return
         actor_config = self.loss_fn.keywords["config"]
         self.pdm_settings = LossSettings.from_actor_config(actor_config)
-        if self.pdm_settings is None:
+        if self.distillation_enabled:  # distillation owns the logits hook
+            if self.pdm_settings is not None:
+                raise ConfigError(
+                    "distillation.enabled: pdmask's losses cannot run with verl's distillation"
+                )
             return
-        if self.distillation_enabled:
-            raise ConfigError(
-                "distillation.enabled: pdmask's losses cannot run with verl's distillation"
-            )
+        if self.pdm_settings is None and not self._hook_allowed():
+            return  # verl's own loss as configured: no actor/entropy rather than a refusal
         self.loss_fn = partial(pdm_ppo_loss, config=actor_config)
         self.actor.set_loss_fn(self.loss_fn)
+        self.pdm_hook = True
+
+    def _hook_allowed(self) -> bool:
+        """Whether verl's engine can call the logits hook in this job: not under static padding
+        (it refuses the hook) nor fused kernels (no logits). The start-up checks require both
+        for pdmask's losses; a job of verl's own loss may set them."""
+        return not self.config.actor.get("pad_to_length", False) and not self.config.model.get(
+            "use_fused_kernels", False
+        )
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def update_actor(self, data):
@@ -62,9 +76,13 @@ class PDMActorRolloutRefWorker(ActorRolloutRefWorker):
             raise RuntimeError(
                 f"{PHASE_KEY} reached update_actor; the trainer must clear it after the old pass"
             )
-        if self.pdm_settings is not None:
-            tu.assign_non_tensor_data(data, HOOK_FLAG, True)
-        return super().update_actor(data)
+        if not self.pdm_hook:
+            return super().update_actor(data)
+        tu.assign_non_tensor_data(data, HOOK_FLAG, True)
+        output = super().update_actor(data)
+        if output is not None:  # the ranks that hold the metrics
+            keep_first_update(tu.get(output, "metrics"))
+        return output
 
     @register(dispatch_mode=make_nd_compute_dataproto_dispatch_fn(mesh_name="actor"))
     def compute_log_prob(self, data):
