@@ -52,11 +52,24 @@ def job_tags(config) -> dict[str, str]:
         ),
         "pdm.verl.rollout_quantization": str(quantization or "none"),
         "pdm.verl.kv_cache_dtype": str(kv_cache or "auto"),
-        "pdm.verl.trainer_dtype": str(
-            config_value(config, "actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
-        ),
+        **_trainer_tags(config),
         **logprob_tags(config),
     }
+
+
+def _trainer_tags(config) -> dict[str, str]:
+    """The actor's engine and training numerics: on Megatron, FP8 where its transformer config
+    says so (Transformer Engine's recipe), else its dtype."""
+    actor = "actor_rollout_ref.actor"
+    if config_value(config, f"{actor}.strategy") != "megatron":
+        dtype = config_value(config, f"{actor}.fsdp_config.dtype", "bfloat16")
+        return {"pdm.verl.training_engine": "fsdp", "pdm.verl.trainer_dtype": str(dtype)}
+    overrides = f"{actor}.megatron.override_transformer_config"
+    fp8 = config_value(config, f"{overrides}.fp8")
+    dtype = config_value(config, f"{actor}.megatron.dtype", "bfloat16")
+    if fp8:
+        dtype = f"fp8-{fp8}-{config_value(config, f'{overrides}.fp8_recipe', 'delayed')}"
+    return {"pdm.verl.training_engine": "megatron", "pdm.verl.trainer_dtype": str(dtype)}
 
 
 def logprob_tags(config) -> dict[str, str]:
