@@ -20,8 +20,9 @@ A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``
   trial hold on the checkpoint root, and the collective timeout sized to a save.
 
 Precisions on verl 0.9.1 (``overrides.py`` has the details): ``bf16`` and ``fp8-rollout`` are what
-the paper ran; ``fp8-e2e`` is FP8 rollout weights plus an FP8 KV cache with bf16 training, because
-verl 0.9.1 trains in FP8 only on engines that do not expose the full logits pdmask's hook needs.
+the paper ran; ``fp8-e2e`` is FP8 rollout weights plus an FP8 KV cache, with FP8 training on verl's
+Megatron engine where the cluster profile says so (``catalog.training_engine``: the paper's
+``h20x32``; ``megatron_job.py``, the spec's ``training``), bf16 FSDP training elsewhere.
 """
 
 from __future__ import annotations
