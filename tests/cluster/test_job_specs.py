@@ -25,6 +25,7 @@ SEED_KEYS = (
     "data.seed",
     "actor_rollout_ref.rollout.seed",
     "actor_rollout_ref.actor.fsdp_config.seed",
+    "actor_rollout_ref.actor.megatron.seed",  # the FP8 end-to-end cells train on Megatron
     "actor_rollout_ref.actor.data_loader_seed",
     "trainer.experiment_name",  # the run name ends with the seed
     "trainer.default_local_dir",  # per trial hash

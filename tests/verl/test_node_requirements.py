@@ -155,3 +155,17 @@ def test_verls_model_load_fails_exactly_where_the_probe_does(model_folder, atten
         assert attention is FLASH_ATTENTION and "flash_attn" not in sys.modules
         with pytest.raises(ImportError, match="FlashAttention2 has been toggled on"):
             load()
+
+
+def test_a_profile_training_on_megatron_in_fp8_needs_its_packages_on_every_training_node():
+    """``pdm cluster check`` checks each training node's versions of what the spec lists: where
+    fp8-e2e trains on Megatron (the paper's profile), megatron-core, Megatron-Bridge (verl's pin)
+    and Transformer Engine; a profile training on FSDP only, none of them."""
+    from pdmask.backends.verl.node_requirements import training_nodes
+
+    paper = training_nodes("h20x32")["packages"]
+    assert paper["megatron-bridge"] == "0.5.2"
+    assert "megatron-core" in paper and "transformer-engine" in paper
+    for cluster in ("h200x8", "this-machine"):
+        packages = training_nodes(cluster)["packages"]
+        assert not {"megatron-core", "megatron-bridge", "transformer-engine"} & set(packages)

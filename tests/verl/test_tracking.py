@@ -234,3 +234,37 @@ def test_a_job_whose_steps_never_reached_mlflow_ends_failed(store, monkeypatch):
         tracking.require_training_metrics(config, last_step=0)
     console_only = OmegaConf.merge(config, {"trainer": {"logger": ["console"]}})
     tracking.require_training_metrics(console_only, last_step=2)  # no MLflow: nothing to hold
+
+
+@pytest.mark.parametrize("engine", ["fsdp", "megatron"])
+def test_the_job_labels_its_precision_by_the_engine_that_trains_it(store, monkeypatch, engine):
+    """The submitter tags fp8-e2e with the VeRL backend's label (BF16 training); a job that trains
+    on Megatron in FP8 says so on its run, in the tag and the description alike."""
+    from pdmask.registry.catalog import PRECISIONS
+    from pdmask.tracking.store import DESCRIPTION_TAG
+
+    uri, client, experiment_id = store
+    spec = PRECISIONS["fp8-e2e"]
+    submitted = spec.label_on("verl")
+    tags = {
+        **SWEEP_TAGS,
+        "pdm.trial_hash": f"label-{engine}",
+        "pdm.precision": "fp8-e2e",
+        "pdm.precision_label": submitted,
+        DESCRIPTION_TAG: f"pdm-agg on qwen3-30b-a3b-base, fp8-e2e ({submitted}), seed 0: ...",
+    }
+    run_id = client.create_run(experiment_id, run_name="trial-1", tags=tags).info.run_id
+    for key, value in job_env(tracking_uri=uri, run_id=run_id, tags=tags).items():
+        monkeypatch.setenv(key, value)
+    config = job_config()
+    if engine == "megatron":
+        actor = config.actor_rollout_ref.actor
+        actor.strategy = "megatron"
+        actor.megatron = {"override_transformer_config": {"fp8": "e4m3", "fp8_recipe": "blockwise"}}
+    logger = start_verl_tracking(config)
+    tracking.start_of_training(config, logger)
+    logger.finish()
+    run = client.get_run(run_id).data.tags
+    label = spec.label_on("verl", engine)
+    assert run["pdm.precision_label"] == label and f"fp8-e2e ({label})" in run[DESCRIPTION_TAG]
+    assert ("FP8 training" in label) == (engine == "megatron")

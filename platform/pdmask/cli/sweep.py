@@ -244,6 +244,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
             out.print(f"  resources: {spec['resources']}")
             if "engine" in spec:
                 out.print(f"  engine: {spec['engine']}", markup=False)
+                out.print(f"  training: {spec['training']}", markup=False)
                 out.print(f"  checkpoints: {spec['checkpoints']}", markup=False)
 
 
@@ -315,13 +316,26 @@ def _print_basis(out, rows, disk, specs, trials) -> None:
         e, c = spec["engine"], spec["checkpoints"]
         ep = " + expert parallel" if e["expert_parallel"] else ""
         out.print(
-            f"{trial.model} {trial.precision}: vLLM TP {e['tensor_parallel']}{ep} x "
+            f"{trial.model} {trial.precision}: {_training_line(spec['training'])}; vLLM TP "
+            f"{e['tensor_parallel']}{ep} x "
             f"{e['replicas']} replicas ({e['why']}); save {c['save_gb']:,.0f} GB x {c['saves']}, "
             f"{c['running_gb']:,.0f} GB while running, keeps {c['finished_keeps']} "
             f"({c['finished_gb']:,.0f} GB); collective timeout {c['collective_timeout_s']} s",
             markup=False,
             soft_wrap=True,
         )
+
+
+def _training_line(t: dict) -> str:
+    """How the actor trains: FSDP, or Megatron with its layout (``training_layout``)."""
+    if t["engine"] != "megatron":
+        return "trains on FSDP"
+    fp8 = " in FP8 (Transformer Engine, block-wise)" if t["fp8_training"] else ""
+    return (
+        f"trains on Megatron{fp8}, TP {t['tensor_parallel']} PP {t['pipeline_parallel']} "
+        f"EP {t['expert_parallel']} ETP {t['expert_tensor_parallel']} "
+        f"(~{t['state_gib_per_gpu']} GiB of state per GPU, {t['why']})"
+    )
 
 
 def _tb(gb: float) -> str:

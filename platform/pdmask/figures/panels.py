@@ -33,20 +33,26 @@ def _line(method: str, cell: CellCurves, band: BandSpec) -> Line | None:
     return Line(method, aggregate_seeds(cell.smoothed, band), stops)
 
 
-def precision_label(precision: str, backends: set[str]) -> str:
-    """What a panel's precision setting is on the backend that trained its runs (the catalog's
-    ``label_on``); with no runs, or runs of several backends, the label that claims nothing."""
+def precision_label(precision: str, backends: set[str], labels: set[str] = frozenset()) -> str:
+    """What a panel's precision setting is on the backend that trained its runs: the label the
+    runs carry (``pdm.precision_label``, which a job sets for the engine that trained it) when
+    they agree, else the catalog's ``label_on`` for their one backend; with no runs, or runs of
+    several backends, the label that claims nothing."""
+    if len(labels) == 1 and len(backends) == 1:
+        return next(iter(labels))
     spec = PRECISIONS.get(precision)
     if spec is None:  # a spec may select a tag value the catalog does not know
         return precision
     return spec.label_on(next(iter(backends)) if len(backends) == 1 else None)
 
 
-def honest_title(panel: PanelSpec, backends: set[str]) -> str:
+def honest_title(panel: PanelSpec, backends: set[str], labels: set[str] = frozenset()) -> str:
     """The panel's title as its runs make it true: ``{precision}`` becomes what the setting is
-    on the backend that trained them (fp8-e2e trains in BF16 on VeRL), and "Qwen3-4B-Base
-    stand-in" when every run trained a backend's small stand-in of the named model."""
-    label = "\n".join(textwrap.wrap(precision_label(panel.precision, backends), TITLE_LABEL_WIDTH))
+    on the backend that trained them (fp8-e2e trains in BF16 on VeRL's FSDP engine; ``labels``:
+    the runs' own precision labels), and "Qwen3-4B-Base stand-in" when every run trained a
+    backend's small stand-in of the named model."""
+    shown = precision_label(panel.precision, backends, labels)
+    label = "\n".join(textwrap.wrap(shown, TITLE_LABEL_WIDTH))
     title = panel.title.replace(PRECISION_FIELD, label)
     known = [BACKENDS.get(b) for b in backends]
     if not known or not all(spec and spec.trains_stand_ins for spec in known):
@@ -55,18 +61,28 @@ def honest_title(panel: PanelSpec, backends: set[str]) -> str:
     return f"{model} stand-in" + (f"\n{rest}" if rest else "")
 
 
-def _backends(selection: Selection, setting: str) -> set[str]:
+def _tag_values(selection: Selection, setting: str, tag: str) -> set[str]:
+    """The values of ``pdm.<tag>`` among a setting's runs (empty ones left out)."""
     return {
-        r.tag("backend")
+        r.tag(tag)
         for (key, _), runs in selection.cells.items()
         if key == setting
         for r in runs
+        if r.tag(tag)
     }
+
+
+def _title(panel: PanelSpec, selection: Selection) -> str:
+    return honest_title(
+        panel,
+        _tag_values(selection, panel.key, "backend"),
+        _tag_values(selection, panel.key, "precision_label"),
+    )
 
 
 def panel_titles(spec: FigureSpec, selection: Selection) -> dict[str, str]:
     """Each setting's title as its panel shows it (:func:`honest_title`), by setting key."""
-    return {p.key: honest_title(p, _backends(selection, p.key)) for p in spec.panels}
+    return {p.key: _title(p, selection) for p in spec.panels}
 
 
 def make_panels(
@@ -83,8 +99,8 @@ def make_panels(
     adds its controls)."""
     panels = []
     for p in spec.panels:
-        backends = _backends(selection, p.key)
-        panel = Panel(honest_title(p, backends))
+        backends = _tag_values(selection, p.key, "backend")
+        panel = Panel(_title(p, selection))
         missing, running = [], 0
         for method in series or spec.methods:
             cell = cells.get((p.key, method))

@@ -63,11 +63,21 @@ class ModelSpec(BaseModel):
         "rules check it per precision and GPU and pick the nearest size vLLM accepts "
         "(`engine_rules.rollout_layout`). None: the smallest size vLLM accepts.",
     )
+    train_tp: int | None = Field(
+        None,
+        description="Preferred Megatron tensor-parallel size for training, where a setting "
+        "trains on Megatron (`training_engine`); checked per precision and GPU like the rollout's "
+        "(`training_layout.training_layout`). None: the smallest size Megatron accepts.",
+    )
     ulysses_sp: int = Field(1, description="Ulysses sequence-parallel size for the actor.")
     param_offload: bool = Field(False, description="FSDP parameter offload for the actor.")
     sim_stand_in: str = Field(
         description="Embedded-backend stand-in (a small model of growing size)."
     )
+
+
+TrainingEngine = Literal["fsdp", "megatron"]
+"""verl's actor engines pdmask runs: FSDP2 (its default) or Megatron-Core (`training_engine`)."""
 
 
 class PrecisionSpec(BaseModel):
@@ -88,9 +98,30 @@ class PrecisionSpec(BaseModel):
     )
     verl: str = Field(description="What VeRL runs: rollout and trainer numerics.")
     sim: str = Field(description="What the embedded backend emulates.")
+    megatron: str | None = Field(
+        None,
+        description="What VeRL runs where the setting trains on verl's Megatron engine "
+        "(`training_engine`), when that differs from `verl`; None: as `verl` says.",
+    )
+    megatron_label: str | None = Field(
+        None, description="The panel label on the Megatron engine; None: `label`."
+    )
+    megatron_fp8: bool = Field(
+        False,
+        description="On the Megatron engine the actor trains in FP8 (Transformer Engine, "
+        "block-wise e4m3): verl-recipe's FP8 end-to-end keys.",
+    )
 
-    def label_on(self, backend: str | None) -> str:
-        """What the setting is on ``backend`` (None: unknown, ``label``)."""
+    def on_engine(self, engine: TrainingEngine) -> tuple[str, str]:
+        """(label, what VeRL runs) on a training engine of the VeRL backend."""
+        verl = self.megatron or self.verl if engine == "megatron" else self.verl
+        return self.label_on("verl", engine), verl
+
+    def label_on(self, backend: str | None, engine: TrainingEngine | None = None) -> str:
+        """What the setting is on ``backend`` (None: unknown, ``label``), trained on ``engine``
+        (verl's Megatron engine may train what its FSDP engine cannot: FP8)."""
+        if engine == "megatron" and self.megatron_label:
+            return self.megatron_label
         return self.labels.get(backend, self.label) if backend else self.label
 
 
@@ -124,6 +155,11 @@ class ClusterProfile(BaseModel):
         "`last-weights`, its last save's model shards and HF config (`verl.model_merger` turns "
         "them into HF weights); `hf-weights`, only HF weights, which every save then also "
         "writes (`hf_model`: 2 bytes a parameter more per save).",
+    )
+    megatron_precisions: tuple[str, ...] = Field(
+        (),
+        description="Precision settings whose VeRL trials train on verl's Megatron engine on "
+        "this profile (every other one on FSDP): `training_engine`.",
     )
 
     @property
@@ -219,6 +255,8 @@ MODELS: dict[str, ModelSpec] = {
             params_active_b=3.3,
             gpu_needs=_needs((16, 720.0), (16, 330.0), (8, 420.0)),
             rollout_tp=4,
+            # verl's Qwen3-30B-A3B Megatron examples: TP 2 with the experts on EP 8
+            train_tp=2,
             ulysses_sp=1,
             param_offload=False,
             sim_stand_in="tiny-30b-a3b",
@@ -270,6 +308,11 @@ PRECISIONS: dict[str, PrecisionSpec] = {
             "FSDP actor in BF16 (not the paper's FP8 training: the VeRL backend's README says "
             "why).",
             sim="FP8 behaviour weights, and the trainer's forward FP8-emulated too.",
+            megatron="vLLM rollout with FP8 (e4m3) weights and an FP8 KV cache; the actor trains "
+            "in FP8 on verl's Megatron engine (Transformer Engine, block-wise e4m3, FP32 router): "
+            "the paper's FP8 end-to-end.",
+            megatron_label="FP8 end-to-end (FP8 training, Megatron)",
+            megatron_fp8=True,
         ),
     ]
 }
@@ -280,7 +323,15 @@ PrecisionName = Literal[tuple(PRECISIONS)]  # type: ignore[valid-type]
 CLUSTERS: dict[str, ClusterProfile] = {
     c.name: c
     for c in [
-        ClusterProfile(name="h20x32", nodes=4, gpus_per_node=8, gpu_kind="H20", gpu_memory_gb=96),
+        ClusterProfile(
+            name="h20x32",
+            nodes=4,
+            gpus_per_node=8,
+            gpu_kind="H20",
+            gpu_memory_gb=96,
+            # the paper's FP8 end-to-end trains in FP8: in verl 0.9.1 only its Megatron engine does
+            megatron_precisions=("fp8-e2e",),
+        ),
         ClusterProfile(name="h100x16", nodes=2, gpus_per_node=8, gpu_kind="H100", gpu_memory_gb=80),
         ClusterProfile(name="h200x8", nodes=1, gpus_per_node=8, gpu_kind="H200", gpu_memory_gb=141),
         ClusterProfile(
@@ -297,3 +348,9 @@ CLUSTERS: dict[str, ClusterProfile] = {
 }
 """Cluster profiles; `h20x32` is the paper's (4 nodes x 8 H20 96 GB); `this-machine` runs VeRL on
 this machine's CPU cores (the tiny model only)."""
+
+
+def training_engine(precision: str, cluster: str) -> TrainingEngine:
+    """The one answer to which verl engine a setting's actor trains on: the cluster profile's
+    `megatron_precisions` on Megatron, everything else on FSDP."""
+    return "megatron" if precision in CLUSTERS[cluster].megatron_precisions else "fsdp"

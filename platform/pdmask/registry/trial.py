@@ -151,9 +151,10 @@ class Trial(BaseModel):
         extra = ", ".join([*varied, *([knobs] if knobs else [])])
         return f"{self.method} ({extra})" if extra else self.method
 
-    def precision_label(self) -> str:
-        """The precision setting as what it is on this trial's backend (catalog ``PRECISIONS``)."""
-        return PRECISIONS[self.precision].label_on(self.backend)
+    def precision_label(self, engine: str | None = None) -> str:
+        """The precision setting as what it is on this trial's backend (catalog ``PRECISIONS``),
+        trained on ``engine`` where the backend has several (verl: ``catalog.training_engine``)."""
+        return PRECISIONS[self.precision].label_on(self.backend, engine)
 
     def description(self) -> str:
         """One sentence on what the run is (its description in the MLflow UI)."""

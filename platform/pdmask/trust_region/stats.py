@@ -14,6 +14,7 @@ import torch
 from pdmask.trust_region.kernel import KernelTerms
 from pdmask.trust_region.logits_pass import chunked_logits_pass, compute_dtype
 from pdmask.trust_region.support import SupportMode, build_support
+from pdmask.trust_region.vocab_parallel import VocabShard, vocab_parallel_logits_pass
 
 ENTROPY = "entropy"
 """``Recipe.needs`` name: per-token entropy of pi, differentiable (``RecipeBatch.entropy``)."""
@@ -144,6 +145,7 @@ def compute_token_stats(
     second_order: bool = False,
     support: SupportMode = "union",
     inputs: Collection[str] = (),
+    shard: VocabShard | None = None,
 ) -> TokenStats:
     """All per-token statistics in one call.
 
@@ -151,16 +153,18 @@ def compute_token_stats(
     (``None`` for K = 0: support ``{y_t}`` plus one bucket), ``mu_sampled_logprob [...]``.
     Returns statistics shaped ``[...]``. Padding positions are computed like any other token;
     mask them out downstream. ``inputs``: which of :data:`GRADIENT_INPUTS` to compute as well
-    (a recipe's ``needs``; other names are ignored).
+    (a recipe's ``needs``; other names are ignored). ``shard``: ``logits`` are this rank's
+    columns of a vocabulary split over a tensor-parallel group (``vocab_parallel``); the ids are
+    global, and every statistic is the full vocabulary's, the same on every rank of the group.
     """
     if logits.dim() < 1 or logits.shape[:-1] != sampled_ids.shape:
         raise ValueError(
             f"logits {tuple(logits.shape)} must be sampled_ids {tuple(sampled_ids.shape)} + [V]"
         )
     batch_shape = sampled_ids.shape
-    vocab = logits.shape[-1]
+    vocab = logits.shape[-1] if shard is None else shard.vocab_size
     cdt = compute_dtype(logits.dtype)
-    flat_logits = logits.reshape(-1, vocab)
+    flat_logits = logits.reshape(-1, logits.shape[-1])
     sampled = sampled_ids.reshape(-1).long()
     mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
     topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(sampled.shape[0], -1)
@@ -168,15 +172,16 @@ def compute_token_stats(
 
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
     sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
-    lp = chunked_logits_pass(
-        flat_logits,
-        sampled,
-        sup.ids,
+    options = dict(
         chunk_size=chunk_size,
         second_order=second_order,
         entropy=ENTROPY in inputs,
         support_grad=SUPPORT_LOG_PROBS in inputs,
     )
+    if shard is None:
+        lp = chunked_logits_pass(flat_logits, sampled, sup.ids, **options)
+    else:
+        lp = vocab_parallel_logits_pass(flat_logits, sampled, sup.ids, shard, **options)
     valid = sup.valid
 
     # Support probabilities (0 on invalid slots); the statistics never carry their gradient.

@@ -20,8 +20,9 @@ A job spec (a plain dict, printed by ``pdm sweep NAME --backend verl --dry-run``
   trial hold on the checkpoint root, and the collective timeout sized to a save.
 
 Precisions on verl 0.9.1 (``overrides.py`` has the details): ``bf16`` and ``fp8-rollout`` are what
-the paper ran; ``fp8-e2e`` is FP8 rollout weights plus an FP8 KV cache with bf16 training, because
-verl 0.9.1 trains in FP8 only on engines that do not expose the full logits pdmask's hook needs.
+the paper ran; ``fp8-e2e`` is FP8 rollout weights plus an FP8 KV cache, with FP8 training on verl's
+Megatron engine where the cluster profile says so (``catalog.training_engine``: the paper's
+``h20x32``; ``megatron_job.py``, the spec's ``training``), bf16 FSDP training elsewhere.
 """
 
 from __future__ import annotations
@@ -35,9 +36,11 @@ from pdmask.backends.interface import submission_id
 from pdmask.backends.verl.collectives import TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup, paper_setup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
+from pdmask.backends.verl.megatron_job import precision_description
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
 from pdmask.paths import state_dir
 from pdmask.registry import CLUSTERS, MODELS, PRECISIONS, Sweep, Trial
+from pdmask.registry.catalog import training_engine
 from pdmask.registry.cost import Workload, collective_timeout, save_bytes, trial_cost
 from pdmask.registry.engine_rules import EngineRefusal, Layout, rollout_layout
 from pdmask.registry.plan import DEFAULT_VERL_STEPS
@@ -113,6 +116,24 @@ def layout(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Layou
     except EngineRefusal as err:
         where = f"trial {trial.run_name()} ({trial.trial_hash})"
         raise ValidationFailed([Problem(where, "engine rules", str(err))]) from None
+
+
+def megatron_layout(trial: Trial, cluster: str):
+    """The trial's Megatron training layout, or None where its setting trains on FSDP (raises
+    ValidationFailed naming each broken rule)."""
+    if training_engine(trial.precision, cluster) != "megatron":
+        return None
+    from pdmask.registry.training_layout import TrainingRefusal, training_layout
+
+    where = f"trial {trial.run_name()} ({trial.trial_hash})"
+    if trial.mu_source == "recompute":  # megatron_processor: no vocabulary-parallel top-K yet
+        message = "pdm_mu_source=recompute does not run on verl's Megatron engine; use rollout"
+        raise ValidationFailed([Problem(where, "mu_source", message)])
+    fp8 = PRECISIONS[trial.precision].megatron_fp8
+    try:
+        return training_layout(trial.model, trial.precision, cluster, fp8=fp8)
+    except TrainingRefusal as err:
+        raise ValidationFailed([Problem(where, "training layout", str(err))]) from None
 
 
 def watchdog_bounds(trial: Trial, cluster: str, settings: JobSettings | None = None):
@@ -227,7 +248,6 @@ def _trial_extra(
     cluster: str,
 ) -> dict[str, Any]:
     """Everything beyond the method: data, reward, setup, model placement, seed, steps."""
-    model = MODELS[trial.model]
     files = _data_files(settings, cluster)
     checkpoints = checkpoint_root(settings)
     seed = trial.seed
@@ -256,15 +276,10 @@ def _trial_extra(
         # dynamic batching packs tokens; one sequence must always fit a GPU's budget
         f"{_A}.ppo_max_token_len_per_gpu": 2
         * (setup.max_prompt_length + setup.max_response_length),
-        f"{_A}.ulysses_sequence_parallel_size": model.ulysses_sp,
-        f"{_A}.fsdp_config.param_offload": model.param_offload,
-        f"{_A}.fsdp_config.optimizer_offload": model.param_offload,
-        f"{_A}.fsdp_config.seed": seed,
         f"{_A}.data_loader_seed": seed,
         f"{_A}.optim.lr": setup.learning_rate,
         f"{_A}.optim.weight_decay": setup.weight_decay,
         f"{_A}.optim.lr_warmup_steps": setup.warmup_steps,
-        f"{_A}.grad_clip": setup.grad_clip,
         "trainer.total_training_steps": trial.steps or DEFAULT_VERL_STEPS,
         "trainer.total_epochs": setup.total_epochs,
         "trainer.test_freq": setup.test_freq,
@@ -281,12 +296,31 @@ def _trial_extra(
         # workers run, are eligible (on a CPU profile: the node with the logical GPU).
         f"+{TQ_NODE_RESOURCE}": "GPU",
     }
+    extra.update(_actor_engine_keys(trial, cluster, seed, setup.grad_clip))
     extra.update(_engine_and_checkpoint_keys(trial, cluster, rollout))
     if on_cpu(cluster):
         from pdmask.backends.verl.cpu_profile import CPU_OVERRIDES
 
         extra.update(CPU_OVERRIDES)
     return extra
+
+
+def _actor_engine_keys(trial: Trial, cluster: str, seed: int, grad_clip) -> dict[str, Any]:
+    """The actor's engine keys: FSDP2's (sequence parallelism, offload, seed, gradient clip) or
+    Megatron's (``megatron_job``)."""
+    training = megatron_layout(trial, cluster)
+    if training is not None:
+        from pdmask.backends.verl.megatron_job import megatron_keys
+
+        return megatron_keys(trial.model, training, seed, grad_clip)
+    model = MODELS[trial.model]
+    return {
+        f"{_A}.grad_clip": grad_clip,
+        f"{_A}.ulysses_sequence_parallel_size": model.ulysses_sp,
+        f"{_A}.fsdp_config.param_offload": model.param_offload,
+        f"{_A}.fsdp_config.optimizer_offload": model.param_offload,
+        f"{_A}.fsdp_config.seed": seed,
+    }
 
 
 def _engine_and_checkpoint_keys(trial: Trial, cluster: str, rollout: Layout) -> dict[str, Any]:
@@ -362,6 +396,7 @@ def _generated(trial, sweep, res, settings, setup, file_recipe, cluster) -> list
         run_name=trial.run_name(),
         extra=_trial_extra(trial, sweep, res, settings, setup, cluster),
         file_recipe=file_recipe,
+        engine=training_engine(trial.precision, cluster),
     )
 
 
@@ -386,6 +421,11 @@ def job_env_vars(
         from pdmask.backends.verl.cpu_profile import CPU_ENV
 
         env.update(CPU_ENV)
+    training = megatron_layout(trial, cluster)
+    if training is not None and training.fp8:
+        from pdmask.backends.verl.megatron_job import FP8_ENV
+
+        env.update(FP8_ENV)
     env.update(
         {
             WATCHDOG_ENV: watchdog_bounds(trial, cluster, settings).to_env(),
@@ -446,16 +486,29 @@ def job_spec(
         "runtime_env": {"env_vars": env},
         "resources": trial_resources(trial, cluster),
         "engine": layout(trial, cluster).as_dict(),
+        "training": _training_plan(trial, cluster),
         "workload": load.model_dump(),
         "checkpoints": _checkpoint_plan(trial, cluster, load),
-        "precision": PRECISIONS[trial.precision].verl,
+        "precision": precision_description(trial.precision, megatron_layout(trial, cluster)),
         "mlflow": {
             "tracking_uri": tracking_uri,
             "experiment": sweep.name,
             "run": run_id or "pre-created with the trial's tags at submission (MLFLOW_RUN_ID)",
-            "tags": trial.tags(),
+            # the label of the engine that trains it: the job sets it on its run at start-up
+            "tags": {
+                **trial.tags(),
+                "pdm.precision_label": trial.precision_label(
+                    training_engine(trial.precision, cluster)
+                ),
+            },
         },
     }
+
+
+def _training_plan(trial: Trial, cluster: str) -> dict[str, Any]:
+    """The actor's engine and, on Megatron, its parallel layout (``training_layout``)."""
+    training = megatron_layout(trial, cluster)
+    return {"engine": "fsdp"} if training is None else training.as_dict()
 
 
 def _checkpoint_plan(trial: Trial, cluster: str, load: Workload) -> dict[str, Any]:

@@ -115,13 +115,20 @@ _ACTIVE_BATCH: contextvars.ContextVar[_ActiveBatch | None] = contextvars.Context
 )
 
 
-def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student_logits=None):
-    """The actor's loss function (install with ``partial(pdm_ppo_loss, config=actor_config)``)."""
+def pdm_ppo_loss(
+    config, model_output=None, data=None, dp_group=None, *, student_logits=None, data_format=None
+):
+    """The actor's loss function (install with ``partial(pdm_ppo_loss, config=actor_config)``).
+    ``data_format``: only verl's Megatron engine passes it (``megatron_processor``)."""
     settings = LossSettings.from_actor_config(config)
     old_phase = phase(data) == OLD_PHASE
     if student_logits is not None:  # called as the logits hook
         if settings is None:  # verl's own loss: the policy's entropy is all pdmask adds
+            if data_format is not None:  # a vocabulary shard alone has no entropy
+                return {}
             return entropy_outputs(student_logits, data)
+        if data_format is not None:  # vocabulary-parallel logits in Megatron's layout
+            return _megatron_hook(config, student_logits, data, settings, data_format, old_phase)
         if old_phase:
             return old_policy_topk_outputs(student_logits, data, settings.topk, settings.chunk_size)
         return statistics_outputs(student_logits, data, settings.stats_settings())
@@ -167,6 +174,22 @@ def pdm_ppo_loss(config, model_output=None, data=None, dp_group=None, *, student
     )
     add_entropy_metric(metrics, stats.entropy, valid, config)
     return loss, metrics
+
+
+def _megatron_hook(config, student_logits, data, settings, data_format, old_phase):
+    from megatron.core import parallel_state as mpu
+
+    from pdmask.backends.verl.megatron_processor import (
+        megatron_statistics_outputs,
+        refuse_unsupported,
+    )
+
+    refuse_unsupported(mpu.get_context_parallel_world_size(), old_phase)
+    # verl's forward pads for FP8 where the transformer trains in FP8 (model_forward.py)
+    fp8 = config.megatron.override_transformer_config.get("fp8") in ("e4m3", "hybrid")
+    return megatron_statistics_outputs(
+        student_logits, data, settings.stats_settings(), data_format=data_format, fp8_padding=fp8
+    )
 
 
 def masked_policy_loss(

@@ -39,6 +39,12 @@ VLLM_VERSION = "0.24.0"  # pdmask[gpu]
 TORCH_VERSION = "2.11.0"  # vLLM 0.24.0's pin
 CUDA_VERSION = "13.0"  # what torch 2.11.0's default wheels and vLLM 0.24.0 are built for
 FLASH_ATTN_VERSION = "2.8.3"  # verl 0.9.1's pin for torch 2.11 / CUDA 13.0
+# What verl 0.9.1's Megatron engine imports on a training node (its `megatron` extra): Megatron-
+# Bridge pinned there, megatron-core and Transformer Engine unpinned (every node the same).
+MEGATRON_BRIDGE_VERSION = "0.5.2"
+MEGATRON_PACKAGES = {"megatron-core": None, "megatron-bridge": MEGATRON_BRIDGE_VERSION}
+# FP8 training is Transformer Engine's: without it Megatron's FP8 context is a no-op
+FP8_TRAINING_PACKAGES = {"transformer-engine": None}
 
 # The oldest Linux driver that runs a CUDA major's builds (NVIDIA, "CUDA Compatibility": minor
 # version compatibility, CUDA 11 onwards). Keys: CUDA major versions.
@@ -86,6 +92,21 @@ def node_versions() -> dict[str, str]:
     return {"verl": VERL_VERSION}
 
 
+def megatron_packages(cluster: str) -> dict[str, str | None]:
+    """The packages a training node needs where some setting of ``cluster`` trains on verl's
+    Megatron engine (``catalog.training_engine``), Transformer Engine too where one trains in
+    FP8: name -> version, None where every node must only agree."""
+    from pdmask.registry.catalog import PRECISIONS
+
+    megatron = CLUSTERS[cluster].megatron_precisions
+    if not megatron:
+        return {}
+    needs = dict(MEGATRON_PACKAGES)
+    if any(PRECISIONS[p].megatron_fp8 for p in megatron):
+        needs.update(FP8_TRAINING_PACKAGES)
+    return needs
+
+
 def training_nodes(cluster: str) -> dict[str, Any]:
     """What a node that runs a job's workers (one with Ray's ``GPU`` resource) must have on
     ``cluster``, as ``pdm cluster check``'s spec takes it (``orchestration/cluster_probe.py``).
@@ -96,13 +117,15 @@ def training_nodes(cluster: str) -> dict[str, Any]:
     profile = CLUSTERS[cluster]
     on_gpu = profile.device != "cpu"
     attention = attention_for(profile.device)
+    packages = (
+        {"vllm": VLLM_VERSION, "torch": TORCH_VERSION, attention.package: FLASH_ATTN_VERSION}
+        if on_gpu
+        else {"vllm": None, "torch": None}
+    )
+    packages.update(megatron_packages(cluster))
     return {
         "resource": TRAINING_RESOURCE,
-        "packages": (
-            {"vllm": VLLM_VERSION, "torch": TORCH_VERSION, attention.package: FLASH_ATTN_VERSION}
-            if on_gpu
-            else {"vllm": None, "torch": None}
-        ),
+        "packages": packages,
         "attention": asdict(attention),
         "gpus": (
             {

@@ -132,8 +132,12 @@ def verl_overrides(
     run_name: str,
     extra: dict | None = None,
     file_recipe=None,
+    engine: str = "fsdp",
 ) -> list[str]:
     """``key=value`` overrides for verl 0.9.1's ``ppo_trainer`` config running ``method``.
+
+    ``engine``: the actor's engine (``catalog.training_engine``): ``fsdp`` (FSDP2) or
+    ``megatron`` (``model_engine=megatron``; its actor keys come in ``extra``: ``megatron_job``).
 
     ``file_recipe`` (a :class:`~pdmask.backends.verl.file_recipes.FileRecipe`): the trial's
     recipe, which the job carries in its environment (``job_env``); None: the project's recipe
@@ -159,7 +163,7 @@ def verl_overrides(
         # Said, not left to verl's default: the attention every training node must import
         # (node_requirements.py; a CPU profile replaces it with torch's SDPA).
         f"+{ATTENTION_KEY}": FLASH_ATTENTION.implementation,
-        f"{_A}.strategy": "fsdp2",
+        **({f"{_A}.strategy": "fsdp2"} if engine == "fsdp" else {"model_engine": engine}),
         f"{_A}.use_kl_loss": False,
         f"{_A}.entropy_coeff": 0,
         f"{_A}.loss_agg_mode": "token-mean",

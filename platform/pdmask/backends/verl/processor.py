@@ -91,10 +91,19 @@ def statistics_outputs(
 
 def _statistics_outputs(student_logits, data, settings: StatsSettings, differentiable):
     logits = student_logits.squeeze(0)
-    k = settings.topk
-    ids, lps = (_local_rows(t).to(logits.device) for t in packed_rows(data, k))
+    ids, lps = (_local_rows(t).to(logits.device) for t in packed_rows(data, settings.topk))
     sampled = _sampled_ids(data, logits.device)
     _check_rows("the top-K data", ids.shape[0], logits)
+    return row_outputs(logits, sampled, ids, lps, settings, differentiable)
+
+
+def row_outputs(
+    logits, sampled, ids, lps, settings: StatsSettings, differentiable, shard=None
+) -> dict[str, torch.Tensor]:
+    """The statistics of rows already aligned with the logits ``[N, V]`` (``sampled [N]``, the
+    top-K rows ``[N, K+1]``), as ``(1, N)`` outputs; ``shard``: the logits are this rank's
+    vocabulary columns (``trust_region.vocab_parallel``, verl's Megatron engine)."""
+    k = settings.topk
     mu_sampled = lps[:, k]
     # Rows that predict no response token (prompt rows, a sequence's last row) carry no behaviour
     # log-prob; any finite value keeps their (discarded) statistics finite.
@@ -112,6 +121,7 @@ def _statistics_outputs(student_logits, data, settings: StatsSettings, different
             chunk_size=settings.chunk_size,
             support=settings.support,
             inputs=(*differentiable, ENTROPY),
+            shard=shard,
         )
     out = {
         STAT_KEY.format(name): (t if name in differentiable else t.detach()).unsqueeze(0)

@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 from pdmask.backends.verl.checks import config_value
 from pdmask.errors import TrackingError
 from pdmask.registry.backends import VERL
+from pdmask.tracking.store import DESCRIPTION_TAG
 from pdmask.watchdog import WATCHDOG_TAG
 
 FAILURE_TAG = "pdm.failure_reason"
@@ -55,11 +56,24 @@ def job_tags(config) -> dict[str, str]:
         ),
         "pdm.verl.rollout_quantization": str(quantization or "none"),
         "pdm.verl.kv_cache_dtype": str(kv_cache or "auto"),
-        "pdm.verl.trainer_dtype": str(
-            config_value(config, "actor_rollout_ref.actor.fsdp_config.dtype", "bfloat16")
-        ),
+        **_trainer_tags(config),
         **logprob_tags(config),
     }
+
+
+def _trainer_tags(config) -> dict[str, str]:
+    """The actor's engine and training numerics: on Megatron, FP8 where its transformer config
+    says so (Transformer Engine's recipe), else its dtype."""
+    actor = "actor_rollout_ref.actor"
+    if config_value(config, f"{actor}.strategy") != "megatron":
+        dtype = config_value(config, f"{actor}.fsdp_config.dtype", "bfloat16")
+        return {"pdm.verl.training_engine": "fsdp", "pdm.verl.trainer_dtype": str(dtype)}
+    overrides = f"{actor}.megatron.override_transformer_config"
+    fp8 = config_value(config, f"{overrides}.fp8")
+    dtype = config_value(config, f"{actor}.megatron.dtype", "bfloat16")
+    if fp8:
+        dtype = f"fp8-{fp8}-{config_value(config, f'{overrides}.fp8_recipe', 'delayed')}"
+    return {"pdm.verl.training_engine": "megatron", "pdm.verl.trainer_dtype": str(dtype)}
 
 
 def logprob_tags(config) -> dict[str, str]:
@@ -107,11 +121,32 @@ def start_of_training(config, tracking) -> None:
     import mlflow
 
     mlflow.set_tags(job_tags(config))
+    _label_precision_by_engine(config)
     mlflow.log_dict(OmegaConf.to_container(config, resolve=True), CONFIG_ARTIFACT)
     adapter = tracking.logger["mlflow"]
     if not isinstance(adapter, SkipLoggedSteps):
         run_id = mlflow.active_run().info.run_id
         tracking.logger["mlflow"] = SkipLoggedSteps(adapter, logged_steps(run_id))
+
+
+def _label_precision_by_engine(config) -> None:
+    """The run's ``pdm.precision_label`` as the engine that trains it makes it true: the
+    submitter tagged the backend's label; on verl's Megatron engine a setting may train in FP8
+    (``catalog.PrecisionSpec.label_on``)."""
+    import mlflow
+
+    from pdmask.registry.catalog import PRECISIONS
+
+    engine = _trainer_tags(config)["pdm.verl.training_engine"]
+    tags = mlflow.get_run(mlflow.active_run().info.run_id).data.tags
+    spec = PRECISIONS.get(tags.get("pdm.precision", ""))
+    if spec is None:
+        return
+    label, submitted = spec.label_on(VERL.name, engine), tags.get("pdm.precision_label")
+    if submitted and label != submitted:  # the description names it too (Trial.description)
+        note = tags.get(DESCRIPTION_TAG, "")
+        mlflow.set_tag(DESCRIPTION_TAG, note.replace(f"({submitted})", f"({label})"))
+    mlflow.set_tag("pdm.precision_label", label)
 
 
 def param_conflicts(config, limit: int = 8) -> list[str]:
