@@ -32,7 +32,7 @@ def main() -> None:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     from rich.console import Console
 
-    from pdmask.orchestration.local_ray import connect
+    from pdmask.orchestration.cluster.local_ray import connect
     from pdmask.orchestration.runner import execute
     from pdmask.paths import project_root
     from pdmask.registry import Sweep, Trial, load_registry

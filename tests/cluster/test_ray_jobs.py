@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.orchestration.ray_jobs_local import tree_of
+from pdmask.orchestration.cluster.local_head import tree_of
 from tests.cluster.conftest import (
     ONE_MACHINE,
     env_for,
@@ -249,7 +249,7 @@ def test_a_lost_head_ends_the_sweep_within_the_bound_with_the_command_to_resume(
 
 def test_duplicate_submission_id_attaches_and_failure_keeps_log_tail(ray_head):
     """The job API refuses a second job with the same id: pdmask reads that as "attach"."""
-    from pdmask.orchestration.ray_jobs_cluster import JobCluster
+    from pdmask.orchestration.jobs.cluster import JobCluster
 
     cluster = JobCluster(ray_head)
     spec = {

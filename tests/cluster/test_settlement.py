@@ -10,8 +10,8 @@ import pytest
 from rich.console import Console
 
 from pdmask.backends.interface import load_backend
-from pdmask.orchestration.ray_jobs import JobRunner, TrialJob
-from pdmask.orchestration.ray_jobs_cluster import JobView
+from pdmask.orchestration.jobs.job_loop import JobRunner, TrialJob
+from pdmask.orchestration.jobs.cluster import JobView
 from pdmask.registry import load_registry
 from pdmask.tracking import TrialRun, ensure_experiment, open_client, runs_by_hash
 from tests.cluster.conftest import ROOT

@@ -28,10 +28,10 @@ def _imports(path: Path):
 
 
 def test_orchestration_imports_nothing_of_backends_but_their_interface():
-    files = sorted(ORCHESTRATION.glob("*.py"))
+    files = sorted(ORCHESTRATION.rglob("*.py"))
     assert len(files) > 10  # the package was found
     wrong = [
-        f"{path.name}:{line}: imports {module}"
+        f"{path.relative_to(ORCHESTRATION)}:{line}: imports {module}"
         for path in files
         for line, module in _imports(path)
         if (module == "pdmask.backends" or module.startswith("pdmask.backends."))

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from pdmask.orchestration.driver_logs import DRIVER_LOG, routed
-from pdmask.orchestration.progress import HEARTBEAT_S, Phase, SweepProgress
+from pdmask.orchestration.tune.progress import HEARTBEAT_S, Phase, SweepProgress
 from pdmask.orchestration.runner import SweepOutcome, _summary
 from pdmask.orchestration.summary import results_by_setting
 

@@ -21,8 +21,8 @@ def environment_problems(
     """What is wrong in the settings a sweep reads from its environment and flags (the watchdog's
     bounds, the Ray address: ``ray_address.py``, and for jobs its authentication: ``ray_auth.py``,
     refused without a token unless ``insecure``), each named by its variable."""
-    from pdmask.orchestration.ray_address import address_problems
-    from pdmask.orchestration.ray_auth import auth_problems
+    from pdmask.orchestration.cluster.address import address_problems
+    from pdmask.orchestration.cluster.auth import auth_problems
     from pdmask.watchdog import site_bounds
 
     problems = address_problems(address, jobs)

@@ -113,7 +113,7 @@ def run_sweep(reg: Registry, sweep: Sweep, trials: list[Trial], options: SweepOp
             started=started,
         )
         if backend.launch is Launch.RAY_JOBS:  # each trial a Ray Job on a cluster
-            from pdmask.orchestration.ray_jobs import run_jobs
+            from pdmask.orchestration.jobs.job_loop import run_jobs
 
             outcome = run_jobs(session)
         else:
@@ -206,12 +206,12 @@ def execute(
     reroute()  # importing Ray gave its logger a console handler (driver_logs.py)
 
     from pdmask.backends.interface import load_backend
-    from pdmask.orchestration.cluster_watch import ClusterWatch
+    from pdmask.orchestration.cluster.watch import ClusterWatch
     from pdmask.orchestration.interrupts import Interrupts, StopOnRequest
-    from pdmask.orchestration.local_ray import connect, reap_embedded
-    from pdmask.orchestration.progress import Phase, SweepProgress
-    from pdmask.orchestration.storage import check_writable, quiet_storage_logs
-    from pdmask.orchestration.trainable import run_trial, trial_bounds
+    from pdmask.orchestration.cluster.local_ray import connect, reap_embedded
+    from pdmask.orchestration.tune.progress import Phase, SweepProgress
+    from pdmask.orchestration.tune.storage import check_writable, quiet_storage_logs
+    from pdmask.orchestration.tune.trainable import run_trial, trial_bounds
     from pdmask.orchestration.trial_logs import tune_dirnames
 
     by_hash = runs_by_hash(client, experiment_id)
@@ -289,7 +289,7 @@ def execute(
     tune_config.trial_dirname_creator = tune_dirnames()  # Tune's trial folders: the run names
 
     def failure_of(config: dict) -> str | None:  # why a trial's attempt failed, from its run
-        from pdmask.orchestration.trainable import trial_from_config
+        from pdmask.orchestration.tune.trainable import trial_from_config
         from pdmask.tracking.runs import attempt_failure, find_trial_runs, take_watchdog_reason
 
         try:

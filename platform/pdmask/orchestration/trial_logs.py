@@ -143,7 +143,7 @@ def _attempts(path: Path) -> list[tuple[str, str]]:
 def tune_dirnames():
     """Tune's ``trial_dirname_creator``: a trial's folder under the sweep's Tune results is its
     run name (with its trial hash appended when another trial of the sweep has the same name)."""
-    from pdmask.orchestration.trainable import trial_from_config
+    from pdmask.orchestration.tune.trainable import trial_from_config
 
     taken: dict[str, str] = {}  # folder name -> trial hash
 

@@ -77,7 +77,7 @@ def run_trial(config: dict[str, Any]) -> None:
     """Tune function trainable."""
     from ray import tune
 
-    from pdmask.orchestration.storage import quiet_storage_logs
+    from pdmask.orchestration.tune.storage import quiet_storage_logs
 
     quiet_storage_logs()  # this worker's checkpoint syncs, like the driver's (storage.py)
 
@@ -197,7 +197,7 @@ def _train(
     from ray import tune
 
     from pdmask.backends.interface import load_backend
-    from pdmask.orchestration.calibration import STEPS as CALIBRATION_STEPS
+    from pdmask.orchestration.tune.calibration import STEPS as CALIBRATION_STEPS
     from pdmask.orchestration.workdirs import bind_workdir
 
     runtime = load_backend(config.get("backend") or trial.backend)
@@ -227,7 +227,7 @@ def _train(
     recipe = trial.recipe()  # the source planned with the sweep, never re-read
     backend = runtime.train
     if calibration:  # benchmarks/bench_sweep.py: known, fixed compute
-        from pdmask.orchestration.calibration import busy_trial
+        from pdmask.orchestration.tune.calibration import busy_trial
 
         backend = partial(busy_trial, seconds=calibration)
     bounds = Bounds(**config["watchdog"]) if config.get("watchdog") else None

@@ -59,7 +59,7 @@ def check_fit(
 def unshared(uri: str, batch: JobBatch) -> list[Problem]:
     """What a cluster's nodes cannot share, for an address pdm did not start: the tracking store
     (the job loop's own rule, ``shared_storage``) and the backend's paths (``batch.unshared``)."""
-    from pdmask.orchestration.shared_storage import tracking_problems
+    from pdmask.orchestration.cluster.shared_storage import tracking_problems
 
     return tracking_problems(uri) + batch.unshared()
 
@@ -67,7 +67,7 @@ def unshared(uri: str, batch: JobBatch) -> list[Problem]:
 def require_cluster_check(address, uri, batch: JobBatch, console) -> None:
     """``pdm cluster check`` against ``address`` for the batch's inputs; refuses (exit 2,
     every failed check named with its node) before anything is submitted."""
-    from pdmask.orchestration.cluster_check import CheckSpec, render, run_check
+    from pdmask.orchestration.cluster.check import CheckSpec, render, run_check
 
     console.print(f"checking the cluster's nodes (pdm cluster check --address {address})...")
     report = run_check(address, CheckSpec.of(uri, batch.node_inputs()))

@@ -49,7 +49,7 @@ from rich.markup import escape
 from pdmask.backends.interface import JobBatch, load_backend, submission_id
 from pdmask.console import table
 from pdmask.errors import ClusterLost, ConfigError, ValidationFailed
-from pdmask.orchestration.ray_jobs_checks import (
+from pdmask.orchestration.jobs.checks import (
     UNREACHABLE_ENV,
     UNREACHABLE_SECONDS,
     check_fit,
@@ -58,7 +58,7 @@ from pdmask.orchestration.ray_jobs_checks import (
     unreachable_seconds,
     unshared,
 )
-from pdmask.orchestration.ray_jobs_cluster import (
+from pdmask.orchestration.jobs.cluster import (
     ClusterUnreachable,
     JobCluster,
     JobView,
@@ -133,7 +133,7 @@ def run_jobs(session) -> SweepOutcome:
         require_cluster_check(address, session.uri, batch, console)
     if address:
         return _run_on(session, address, cluster_name, batch)
-    from pdmask.orchestration.ray_jobs_local import LocalRayHead
+    from pdmask.orchestration.cluster.local_head import LocalRayHead
 
     head = LocalRayHead(
         num_gpus=CLUSTERS[cluster_name].gpus, log=console.print, scratch_env=batch.scratch_env

@@ -101,7 +101,7 @@ class JobCluster:
     def __init__(self, address: str):
         from ray.job_submission import JobSubmissionClient
 
-        from pdmask.orchestration.ray_auth import headers_for, scrub
+        from pdmask.orchestration.cluster.auth import headers_for, scrub
 
         self.headers = headers_for(address)  # the token, when the job API asks for one
         try:

@@ -40,7 +40,7 @@ QUIET_LOGGERS = (
 
 def submitter_versions() -> dict[str, str | None]:
     """pdmask, verl and vllm as installed here (None: not installed, then not compared)."""
-    from pdmask.orchestration.cluster_probe import installed
+    from pdmask.orchestration.cluster.probe import installed
 
     return {name: installed(name) for name in PACKAGES}
 
@@ -115,8 +115,8 @@ def run_check(address: str, spec: CheckSpec, timeout_s: float = CHECK_TIMEOUT_S)
     results; raises ConfigError when the job itself cannot run (its log's tail says why)."""
     from ray.job_submission import JobSubmissionClient
 
-    from pdmask.orchestration import cluster_probe
-    from pdmask.orchestration.ray_auth import headers_for, scrub
+    from pdmask.orchestration.cluster import probe as cluster_probe
+    from pdmask.orchestration.cluster.auth import headers_for, scrub
 
     for name in QUIET_LOGGERS:  # their INFO lines ("Uploading package ...") are not news here
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -198,7 +198,7 @@ def _forget(client, sid: str, tries: int = 20) -> None:
 def render(report: ClusterReport, console) -> None:
     """The per-node table, then one line per failed check naming node and check."""
     from pdmask.console import PIPED_WIDTH, table
-    from pdmask.orchestration.cluster_probe import CHECKS
+    from pdmask.orchestration.cluster.probe import CHECKS
     from pdmask.tracking.store import redact
 
     rows = [
