@@ -5,10 +5,10 @@ import path (``runtime``); ``load_backend`` imports it in the process that needs
 two launch protocols it implements follows from the spec's ``launch``:
 
 - ``Launch.TUNE`` -> ``TrainsInProcess``: ``train`` runs one trial inside a Ray Tune worker
-  (``orchestration/trainable.py``), resuming from ``workdir``.
+  (``orchestration/tune/trainable.py``), resuming from ``workdir``.
 - ``Launch.RAY_JOBS`` -> ``SubmitsJobs``: ``job_batch`` checks and builds a sweep's trials as
-  Ray Jobs (a ``JobBatch``), which ``orchestration/ray_jobs.py`` admits, submits, polls, retries
-  and settles, one job per trial attempt, under the submission ids ``submission_id`` gives.
+  Ray Jobs (a ``JobBatch``), which ``orchestration/jobs/`` admits, submits, polls, retries and
+  settles, one job per trial attempt, under the submission ids ``submission_id`` gives.
 
 A runtime module keeps heavy imports (torch, verl) inside its methods: the driver loads it to
 check and plan a sweep.

@@ -19,8 +19,9 @@ def environment_problems(
     address: str | None = None, jobs: bool = False, env=None, insecure: bool = False
 ) -> list[Problem]:
     """What is wrong in the settings a sweep reads from its environment and flags (the watchdog's
-    bounds, the Ray address: ``ray_address.py``, and for jobs its authentication: ``ray_auth.py``,
-    refused without a token unless ``insecure``), each named by its variable."""
+    bounds, the Ray address: ``cluster/address.py``, and for jobs its authentication:
+    ``cluster/auth.py``, refused without a token unless ``insecure``), each named by its
+    variable."""
     from pdmask.orchestration.cluster.address import address_problems
     from pdmask.orchestration.cluster.auth import auth_problems
     from pdmask.watchdog import site_bounds

@@ -28,6 +28,8 @@ from typing import Any
 
 from pdmask.errors import ConfigError, RecipeError, environment_error
 from pdmask.orchestration.trial_logs import captured, header, log_path, upload
+from pdmask.orchestration.tune.search import OBJECTIVE, SEARCH_POINT_TAG
+from pdmask.orchestration.tune.trial_config import trial_from_config
 from pdmask.registry import Trial
 from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
 
@@ -55,24 +57,6 @@ def trial_bounds(env=None) -> Bounds:
     )
 
 
-def trial_from_config(config: dict[str, Any]) -> Trial:
-    """The trial of a Tune config: a planned trial, or a search template plus sampled values."""
-    trial = Trial.model_validate(config["trial"])
-    sampled = config.get("search") or {}
-    if sampled:
-        params = dict(trial.params)
-        update: dict[str, Any] = {}
-        for axis, value in sampled.items():
-            if axis == "delta":
-                update["delta"] = float(value)
-                if "delta" in params:
-                    params["delta"] = float(value)
-            else:
-                params[axis.removeprefix("params.")] = value
-        trial = trial.model_copy(update={**update, "params": params})
-    return trial
-
-
 def run_trial(config: dict[str, Any]) -> None:
     """Tune function trainable."""
     from ray import tune
@@ -97,7 +81,7 @@ def run_trial(config: dict[str, Any]) -> None:
     try:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
-            tags["pdm.search_point"] = json.dumps(config["search"], sort_keys=True)
+            tags[SEARCH_POINT_TAG] = json.dumps(config["search"], sort_keys=True)
         run = TrialRun.start_or_resume(client, config["experiment_id"], trial, tags)
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
@@ -221,7 +205,7 @@ def _train(
         if config.get("eval_metric") in latest:
             report["pdm_eval"] = latest[config["eval_metric"]]
         if objective and objective in latest:
-            report["pdm_objective"] = latest[objective]
+            report[OBJECTIVE] = latest[objective]
         tune.report(report)
 
     recipe = trial.recipe()  # the source planned with the sweep, never re-read
@@ -243,7 +227,7 @@ def _train(
     run.finish(summary)
     final = {**base, "pdm_outcome": "finished", "pdm_step": run.last_step}
     if objective and objective in latest:
-        final["pdm_objective"] = latest[objective]
+        final[OBJECTIVE] = latest[objective]
     return final
 
 
