@@ -16,8 +16,10 @@ check and plan a sweep.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -89,6 +91,36 @@ def parse_submission_id(sid: str) -> tuple[str, str, int] | None:
     return sweep, trial_hash, int(attempt)
 
 
+@dataclass(frozen=True)
+class JobResources:
+    """What one trial's job occupies: what must fit the cluster's nodes, and what admission
+    reserves of the cluster's free GPUs."""
+
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    gpu_kind: str  # the GPU kind of the cluster profile (CPU for a job that takes none)
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node} {self.gpu_kind}"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One trial attempt as a Ray job: what the job loop submits. A backend's own spec may add
+    fields (a subclass), which the dry run shows with these (``to_json``)."""
+
+    trial_hash: str
+    submission_id: str  # ``submission_id(sweep, trial hash, attempt)``
+    attempt: int
+    entrypoint: str  # the job's shell command
+    runtime_env: dict[str, Any]  # Ray's: ``env_vars`` reach every process of the job
+    resources: JobResources
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @runtime_checkable
 class JobBatch(Protocol):
     """One sweep's trials as Ray jobs, as a job-submitting backend checked and built them
@@ -101,9 +133,8 @@ class JobBatch(Protocol):
     """The environment variable through which the jobs find a folder that lives and dies with a
     Ray head pdm starts on this machine for them (None: they need none)."""
 
-    def resources(self, trial: Trial) -> dict[str, Any]:
-        """``nodes``, ``gpus_per_node``, ``gpus`` and ``gpu_kind`` of the trial's job: what must
-        fit the cluster's nodes and what admission reserves."""
+    def resources(self, trial: Trial) -> JobResources:
+        """What the trial's job occupies."""
         ...
 
     def unshared(self) -> list[Problem]:
@@ -123,9 +154,8 @@ class JobBatch(Protocol):
         before the first submission (``ConfigError`` names what is missing)."""
         ...
 
-    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> dict[str, Any]:
-        """The trial's job for this attempt, logging into MLflow run ``run_id``: its
-        ``submission_id`` (``submission_id``), ``entrypoint``, ``runtime_env``, ``resources``."""
+    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> JobSpec:
+        """The trial's job for this attempt, logging into MLflow run ``run_id``."""
         ...
 
 
@@ -133,8 +163,9 @@ class JobBatch(Protocol):
 class SubmitsJobs(Backend, Protocol):
     def job_specs(
         self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
-    ) -> list[dict[str, Any]]:
-        """The Ray Job each trial would be submitted as (``pdm plan --json`` shows them)."""
+    ) -> list[JobSpec]:
+        """The Ray Job each trial would be submitted as (attempt 1, no run yet: the dry run
+        shows them)."""
         ...
 
     def job_batch(

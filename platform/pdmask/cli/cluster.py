@@ -70,9 +70,9 @@ def check(
     from pdmask.backends.verl.site_inputs import shared_inputs
     from pdmask.console import console, print_json
     from pdmask.errors import ConfigError, Problem, ValidationFailed
-    from pdmask.orchestration.cluster.check import CheckSpec, render, run_check
     from pdmask.orchestration.cluster.address import WHERE, address_problems
     from pdmask.orchestration.cluster.auth import auth_problems
+    from pdmask.orchestration.cluster.check import CheckSpec, render, run_check
     from pdmask.tracking.store import resolve_tracking_uri
 
     if not address:

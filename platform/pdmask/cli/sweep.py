@@ -171,7 +171,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
             row["tags"] = t.tags()
         if specs is not None:
             for row, spec in zip(data["trials"], specs, strict=True):
-                row["job"] = spec
+                row["job"] = spec.to_json()
         if sweep.search is not None:
             data["search"] = sweep.search.model_dump()
         print_json(data)
@@ -231,6 +231,6 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     if specs is not None:
         for t, spec in zip(trials, specs, strict=True):
             out.print(f"\n[bold]{t.run_name()}[/bold] ({t.trial_hash})")
-            out.print(f"  entrypoint: {spec['entrypoint']}")
-            out.print(f"  runtime_env: {redact(str(spec['runtime_env']))}")  # no passwords
-            out.print(f"  resources: {spec['resources']}")
+            out.print(f"  entrypoint: {spec.entrypoint}")
+            out.print(f"  runtime_env: {redact(str(spec.runtime_env))}")  # no passwords
+            out.print(f"  resources: {spec.resources}")

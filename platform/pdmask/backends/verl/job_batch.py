@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pdmask.backends.interface import JobResources
 from pdmask.backends.verl.cpu_profile import STORE_DIR_ENV
-from pdmask.backends.verl.jobs import job_spec, on_cpu, prepare_local_inputs, trial_resources
+from pdmask.backends.verl.jobs import (
+    VerlJobSpec,
+    job_spec,
+    on_cpu,
+    prepare_local_inputs,
+    trial_resources,
+)
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import Sweep, Trial
@@ -41,8 +48,8 @@ class VerlJobBatch:
             except ValidationFailed as err:
                 self.problems.extend(err.problems)
 
-    def resources(self, trial: Trial) -> dict[str, Any]:
-        return trial_resources(trial, self.cluster)
+    def resources(self, trial: Trial) -> JobResources:
+        return JobResources(**trial_resources(trial, self.cluster))
 
     def unshared(self) -> list[Problem]:
         from pdmask.backends.verl.site_inputs import unshared_settings
@@ -79,7 +86,7 @@ class VerlJobBatch:
                 "nodes find the files"
             )
 
-    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> dict[str, Any]:
+    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> VerlJobSpec:
         return job_spec(
             trial,
             self.sweep,

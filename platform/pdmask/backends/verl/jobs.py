@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdmask.backends.interface import submission_id
+from pdmask.backends.interface import JobResources, JobSpec, submission_id
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
 from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
@@ -329,6 +330,17 @@ def job_env_vars(
     return env
 
 
+@dataclass(frozen=True, kw_only=True)
+class VerlJobSpec(JobSpec):
+    """A VeRL trial's job, with what the dry run shows besides: its run name, verl's overrides
+    (the entrypoint's arguments), what verl runs for its precision, and its MLflow run."""
+
+    run_name: str
+    overrides: list[str]
+    precision: str
+    mlflow: dict[str, Any]
+
+
 def job_spec(
     trial: Trial,
     sweep: Sweep,
@@ -340,7 +352,7 @@ def job_spec(
     settings: JobSettings | None = None,
     overrides: list[str] | None = None,
     registry=None,
-) -> dict[str, Any]:
+) -> VerlJobSpec:
     """One trial's complete Ray job: entrypoint, runtime env, resources, submission id."""
     settings = settings or JobSettings.from_env()
     file_recipe, problems = file_recipe_of(trial, registry)  # the recipe file is read once
@@ -359,23 +371,23 @@ def job_spec(
         settings=settings,
         file_recipe=file_recipe,
     )
-    return {
-        "trial_hash": trial.trial_hash,
-        "run_name": trial.run_name(),
-        "submission_id": sid,
-        "attempt": attempt,
-        "entrypoint": f"{settings.entrypoint} {shlex.join(overrides)}",
-        "overrides": overrides,
-        "runtime_env": {"env_vars": env},
-        "resources": trial_resources(trial, cluster),
-        "precision": PRECISIONS[trial.precision].verl,
-        "mlflow": {
+    return VerlJobSpec(
+        trial_hash=trial.trial_hash,
+        run_name=trial.run_name(),
+        submission_id=sid,
+        attempt=attempt,
+        entrypoint=f"{settings.entrypoint} {shlex.join(overrides)}",
+        overrides=overrides,
+        runtime_env={"env_vars": env},
+        resources=JobResources(**trial_resources(trial, cluster)),
+        precision=PRECISIONS[trial.precision].verl,
+        mlflow={
             "tracking_uri": tracking_uri,
             "experiment": sweep.name,
             "run": run_id or "pre-created with the trial's tags at submission (MLFLOW_RUN_ID)",
             "tags": trial.tags(),
         },
-    }
+    )
 
 
 def require_verl() -> None:
@@ -390,7 +402,7 @@ def require_verl() -> None:
 
 def job_specs(
     reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str | None
-) -> list[dict[str, Any]]:
+) -> list[VerlJobSpec]:
     """Job specs of every trial (attempt 1, no run yet); every problem of every trial at once."""
     require_verl()
     from pdmask.tracking.store import resolve_tracking_uri

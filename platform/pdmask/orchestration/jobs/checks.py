@@ -42,13 +42,13 @@ def check_fit(
     problems = []
     for trial in trials:
         res = batch.resources(trial)
-        nodes_fitting = sum(1 for g in node_gpus if g >= res["gpus_per_node"])
-        if nodes_fitting < res["nodes"]:
+        nodes_fitting = sum(1 for g in node_gpus if g >= res.gpus_per_node)
+        if nodes_fitting < res.nodes:
             problems.append(
                 Problem(
                     f"trial {trial.run_name()} ({trial.trial_hash})",
                     "--cluster",
-                    f"needs {res['nodes']} node(s) with {res['gpus_per_node']} GPUs ({cluster_name}); "
+                    f"needs {res.nodes} node(s) with {res.gpus_per_node} GPUs ({cluster_name}); "
                     f"the cluster's alive nodes have GPUs {sorted(node_gpus, reverse=True) or 'none'}",
                 )
             )

@@ -185,12 +185,11 @@ class JobRunner:
             return
         attempt = max(job.attempts, default=0) + 1
         spec = self.batch.spec(job.trial, run_id=run.run_id, attempt=attempt)
-        sid = spec["submission_id"]
-        res = spec["resources"]
+        sid, res = spec.submission_id, spec.resources
         for key, value in {
             "pdm.ray_job": sid,
             "pdm.ray_address": self.cluster.address,
-            "pdm.verl.resources": f"{res['nodes']}x{res['gpus_per_node']} {res['gpu_kind']}",
+            "pdm.verl.resources": str(res),
         }.items():
             with_retry(lambda k=key, v=value: self.client.set_tag(run.run_id, k, v))
         job.attempts.add(attempt)
@@ -211,7 +210,7 @@ class JobRunner:
             self._adopt_their_run(job, run)
         verb = "attached to already submitted" if attached else "submitted"
         self.console.print(
-            f"{verb} {sid} ({res['gpus']} GPUs, attempt {attempt}): {job.trial.run_name()}"
+            f"{verb} {sid} ({res.gpus} GPUs, attempt {attempt}): {job.trial.run_name()}"
         )
 
     def _adopt_their_run(self, job: TrialJob, ours: TrialRun) -> None:

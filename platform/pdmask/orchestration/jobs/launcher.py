@@ -115,7 +115,7 @@ class JobsLauncher:
             raise ConfigError(f"--address {address}: {err}") from None
         check_fit(session.trials, batch, node_gpus, session.cluster)
         tries = 1 + sweep.retries
-        jobs = [TrialJob(t, batch.resources(t)["gpus"], tries_left=tries) for t in todo.trials]
+        jobs = [TrialJob(t, batch.resources(t).gpus, tries_left=tries) for t in todo.trials]
         session.console.print(f"{len(jobs)} trial(s) to run as Ray jobs on {cluster.address}")
         runner = JobRunner(session, cluster, batch, unreachable_s=unreachable_seconds())
         runner.adopt(jobs)
