@@ -169,11 +169,19 @@ class SubmitsJobs(Backend, Protocol):
         ...
 
     def job_batch(
-        self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
+        self,
+        reg: Registry,
+        sweep: Sweep | None,
+        trials: list[Trial],
+        *,
+        cluster: str,
+        tracking_uri: str,
     ) -> JobBatch:
         """``trials`` (of ``sweep``, on cluster profile ``cluster``) checked and built as jobs
         that log into ``tracking_uri``; their problems are the batch's, never raised, so that the
-        job loop reports them with its own, all at once. Nothing is prepared or submitted."""
+        job loop reports them with its own, all at once. Nothing is prepared or submitted. No
+        sweep and no trials: what every node must share whatever it trains (`pdm cluster
+        check`'s ``node_inputs``). Raises ``ConfigError`` for a malformed site setting."""
         ...
 
 

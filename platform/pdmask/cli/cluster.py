@@ -51,7 +51,7 @@ def check(
         _choices.Cluster | None,
         typer.Option(
             help="Cluster profile whose jobs' inputs are checked (the CPU profile reads the tiny "
-            "task pdm builds). Default: h20x32's (the prepared data in PDM_DATA_DIR)."
+            "task pdm builds). Default: a sweep's default profile."
         ),
     ] = None,
     ray_token_file: RayTokenFile = None,
@@ -66,13 +66,13 @@ def check(
     Reads the same settings as `pdm sweep --backend verl`: PDM_VERL_CHECKPOINT_DIR, PDM_DATA_DIR,
     PDM_MODEL_ROOT, and the tracking URI.
     """
-    from pdmask.backends.verl.jobs_setup import JobSettings
-    from pdmask.backends.verl.site_inputs import shared_inputs
     from pdmask.console import console, print_json
     from pdmask.errors import ConfigError, Problem, ValidationFailed
     from pdmask.orchestration.cluster.address import WHERE, address_problems
     from pdmask.orchestration.cluster.auth import auth_problems
     from pdmask.orchestration.cluster.check import CheckSpec, render, run_check
+    from pdmask.orchestration.jobs.checks import check_batch
+    from pdmask.registry import load_registry
     from pdmask.tracking.store import resolve_tracking_uri
 
     if not address:
@@ -81,15 +81,14 @@ def check(
         )
     problems = address_problems(address, jobs=True)
     problems = problems or auth_problems(address, insecure)
-    try:
-        settings = JobSettings.from_env()
+    uri = resolve_tracking_uri(tracking_uri)
+    try:  # the backend's jobs say what their nodes must share
+        batch = check_batch(load_registry(), uri, cluster)
     except ConfigError as err:
         problems.append(Problem("environment", "site settings", str(err)))
-        settings = None
     if problems:
         raise ValidationFailed(problems)
-    inputs = shared_inputs(settings, cluster or "h20x32")
-    report = run_check(address, CheckSpec.of(resolve_tracking_uri(tracking_uri), inputs))
+    report = run_check(address, CheckSpec.of(uri, batch.node_inputs()))
     if json:
         print_json(report.to_json())
     else:

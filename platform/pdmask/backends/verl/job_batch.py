@@ -31,10 +31,13 @@ class VerlJobBatch:
     # head pdm starts for a CPU sweep, and away with it (``cpu_platform.py``).
     scratch_env = STORE_DIR_ENV
 
-    def __init__(self, reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str):
+    def __init__(
+        self, reg, sweep: Sweep | None, trials: list[Trial], *, cluster: str, tracking_uri: str
+    ):
         from pdmask.backends.verl.jobs import require_verl, trial_overrides
 
-        require_verl()
+        if trials:  # their overrides are checked by verl's config classes
+            require_verl()
         self.registry, self.sweep, self.trials = reg, sweep, trials
         self.cluster, self.tracking_uri = cluster, tracking_uri
         self.settings = JobSettings.from_env()  # ConfigError: a site setting is malformed

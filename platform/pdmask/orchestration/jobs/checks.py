@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
-from pdmask.backends.interface import JobBatch
+from pdmask.backends.interface import JobBatch, load_backend
 from pdmask.errors import ConfigError, Problem, ValidationFailed
-from pdmask.registry import Trial
+from pdmask.registry import BACKENDS, Launch, Registry, Sweep, Trial
 
 POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
 # How long the job API may not answer before the sweep ends (ClusterLost, exit 1): a dashboard
@@ -78,3 +78,16 @@ def require_cluster_check(address, uri, batch: JobBatch, console) -> None:
             "with --skip-cluster-check"
         )
         raise ValidationFailed(report.problems())
+
+
+def check_batch(reg: Registry, tracking_uri: str, cluster: str | None = None) -> JobBatch:
+    """What `pdm cluster check` proves a cluster for: the jobs of the job-submitting backend on
+    ``cluster`` (default: a sweep's default profile), of no sweep and no trial (what every node
+    must share whatever it trains: tracking, checkpoints, data). ``ConfigError`` when a site
+    setting is malformed, or when several backends submit jobs."""
+    submitting = sorted(name for name, spec in BACKENDS.items() if spec.launch is Launch.RAY_JOBS)
+    if len(submitting) != 1:
+        raise ConfigError(f"backends that submit Ray jobs: {submitting}; the check needs one")
+    profile = cluster or Sweep.model_fields["cluster"].default
+    backend = load_backend(submitting[0])
+    return backend.job_batch(reg, None, [], cluster=profile, tracking_uri=tracking_uri)
