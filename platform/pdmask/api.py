@@ -120,8 +120,12 @@ def runs(sweep: str | None = None, tracking_uri: str | None = None):
     identity (method, model, precision, delta, seed, backend, trial_hash, ...), status,
     attempts, start/end time and ``wall_s``, ``headline_final`` / ``headline_best`` (the headline
     metric: the figures' evaluation accuracy, averaged over datasets), then ``params.<name>`` as plain
-    values. ``tracking_uri``: another store than the state folder's. An unknown sweep raises
-    ``ConfigError`` with the closest known names."""
+    values. ``tracking_uri``: another store than the state folder's.
+
+    Raises:
+        ConfigError: an unknown sweep (with the closest known names).
+        TrackingError: the store cannot be read or trusted.
+    """
     from pdmask.tracking.results import runs as runs_frame
 
     return runs_frame(sweep, tracking_uri)
@@ -129,8 +133,12 @@ def runs(sweep: str | None = None, tracking_uri: str | None = None):
 
 def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:
     """The sweep's trials after every check made before launch (``orchestration.preflight``):
-    the grid, its recipes' code on synthetic batches, its dashboards. Raises
-    ``ValidationFailed`` with every problem at once."""
+    the grid, its recipes' code on synthetic batches, its dashboards, the Ray address.
+
+    Raises:
+        ValidationFailed: every problem at once (a ``ConfigError``), each naming file and field.
+        BackendUnavailable: the sweep's backend lacks its optional dependencies.
+    """
     from pdmask.orchestration.preflight import checked_trials
 
     return checked_trials(

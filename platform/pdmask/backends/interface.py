@@ -190,7 +190,12 @@ _LOADED: dict[str, Backend] = {}
 
 
 def load_backend(backend: str | BackendSpec) -> Backend:
-    """The runtime of ``backend`` (a registered name, or a spec carried from the driver)."""
+    """The runtime of ``backend`` (a registered name, or a spec carried from the driver).
+
+    Raises:
+        BackendUnavailable: its runtime cannot be imported (an optional dependency missing) or is
+            not the launch protocol its spec names.
+    """
     spec = backend if isinstance(backend, BackendSpec) else backend_spec(backend)
     if spec.runtime not in _LOADED:
         module_name, _, attribute = spec.runtime.partition(":")

@@ -113,8 +113,12 @@ def validate_sweeps(
     reg: Registry, names: list[str] | None = None, max_trials: int | None = None
 ) -> dict[str, int]:
     """Trial count per sweep (default: every sweep file, broken ones included) after every
-    check, every recipe's defaults included; raises ValidationFailed listing the problems of
-    all of them together."""
+    check, every recipe's defaults included.
+
+    Raises:
+        ValidationFailed: the problems of all of them together (`pdm validate`'s exit 2).
+        BackendUnavailable: a sweep's backend lacks its optional dependencies.
+    """
     from pdmask.registry.recipe_check import check_recipes
 
     problems = list(reg.problems)
