@@ -69,6 +69,7 @@ def run_mode(stand_in: str, precision: str, mode: str, args) -> dict:
         precision=precision,
         profile=args.profile,
         seed=0,
+        delta=0.15,  # the diagnostics' radius (sim_config gives a trial its own)
         cache_dir=args.cache_dir,
         base_model="quick" if args.quick_base else "stand-in",
         **extra,

@@ -32,16 +32,13 @@ def main() -> None:
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     from rich.console import Console
 
-    from pdmask.orchestration.local_ray import connect
-    from pdmask.orchestration.runner import execute
+    from pdmask.orchestration.cluster.local_ray import connect
+    from pdmask.orchestration.interrupts import Interrupts
+    from pdmask.orchestration.options import SweepOptions
+    from pdmask.orchestration.session import SweepSession
+    from pdmask.orchestration.tune.launcher import TuneLauncher
     from pdmask.paths import project_root
     from pdmask.registry import Sweep, Trial, load_registry
-    from pdmask.tracking import (
-        ensure_experiment,
-        open_client,
-        provenance_tags,
-        resolve_tracking_uri,
-    )
 
     sweep = Sweep(
         name="bench-sweep",
@@ -66,27 +63,23 @@ def main() -> None:
         )
         for s in range(args.trials)
     ]
-    uri = resolve_tracking_uri(None)
-    client = open_client(uri)
-    exp = ensure_experiment(client, sweep.name)
+    options = SweepOptions(max_concurrent=args.concurrency, figures=False)
+    session = SweepSession.open(
+        load_registry(),
+        sweep,
+        trials,
+        options,
+        console=Console(quiet=True),
+        interrupts=Interrupts(),
+    )
 
     t0 = time.perf_counter()
     connect(None, {"PDM_HOME": str(scratch), "PDM_PROJECT": str(project_root())})
     ray_start = time.perf_counter() - t0
     t1 = time.perf_counter()
-    outcome = execute(
-        sweep,
-        trials,
-        client=client,
-        uri=uri,
-        experiment_id=exp,
-        tags=provenance_tags(project_root()),
-        address=None,
-        max_concurrent=args.concurrency,
-        root=project_root(),
-        console=Console(quiet=True),
-        calibration_seconds=args.seconds,
-    )
+    todo = session.todo()
+    TuneLauncher(calibration_seconds=args.seconds).launch(session, todo)
+    outcome = session.settle(todo.skipped)
     wall = time.perf_counter() - t1
     ideal = args.trials * args.seconds / args.concurrency
     assert outcome.finished == args.trials, outcome

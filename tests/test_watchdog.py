@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdmask.errors import ConfigError
-from pdmask.orchestration.trainable import STALL_SECONDS, STARTUP_SECONDS, trial_bounds
+from pdmask.orchestration.tune.trainable import STALL_SECONDS, STARTUP_SECONDS, trial_bounds
 from pdmask.watchdog import Bounds, Watchdog, site_bounds
 
 

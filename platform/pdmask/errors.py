@@ -17,6 +17,11 @@
 Code that catches ``Exception`` to keep a sweep alive must re-raise ``ConfigError``: configuration
 errors fail fast and are never retried.
 
+What a caller must catch is in each public entry point's ``Raises:`` section, naming classes of
+this tree only (``pdmask.run_sweep``, ``pdmask.runs``, ``api.plan``, ``Registry.sweep`` and
+``expand``, ``load_backend``, ``open_client``, ``build_figure``, ``run_token_analysis``,
+``validate_sweeps``, the runner's ``run_sweep``; ``tests/test_entry_point_errors.py`` holds it).
+
 The machine's own failures (a full disk, a read-only or vanished state folder, a permission) reach
 the CLI as ``OSError``, or as a store error whose cause is sqlite's (``sqlite3.OperationalError``:
 "database or disk is full", "attempt to write a readonly database" once its file is deleted);

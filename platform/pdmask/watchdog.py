@@ -15,7 +15,7 @@ silence, one whose steps take 5 minutes is never failed for its own pace.
 The fault action records the reason on the trial's MLflow run (``WATCHDOG_TAG`` and the failure
 reason) and ends the process, which Ray sees as a crashed trial or a failed job: the sweep
 retries it from its checkpoint like any crash. Where it runs: the Tune trainable
-(``orchestration/trainable.py``) and verl's TaskRunner (``backends/verl/trainer.py``).
+(``orchestration/tune/trainable.py``) and verl's TaskRunner (``backends/verl/trainer.py``).
 
 A site tunes the bounds with ``PDM_STALL_SECONDS`` and ``PDM_STARTUP_SECONDS`` (``site_bounds``);
 each launch kind has its documented defaults where it builds its ``Bounds``.

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.orchestration.cluster_probe import CHECKS
+from pdmask.orchestration.cluster.probe import CHECKS
 from tests.cluster.conftest import env_for, pdm_cmd
 from tests.cluster.model_folder import tiny_model_folder
 from tests.cluster.two_node import site
@@ -129,7 +129,7 @@ def test_the_check_passes_on_every_node_with_the_token_from_a_file(cluster, proj
 def test_the_check_names_each_failing_check_on_each_node(cluster, tmp_path, monkeypatch):
     from rich.console import Console
 
-    from pdmask.orchestration.cluster_check import CheckSpec, render, run_check, submitter_versions
+    from pdmask.orchestration.cluster.check import CheckSpec, render, run_check, submitter_versions
 
     monkeypatch.setenv("RAY_AUTH_TOKEN", cluster.token)
     with socket.socket() as s:

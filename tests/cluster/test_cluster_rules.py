@@ -14,15 +14,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pdmask.backends.verl.site_inputs import CHECKPOINTS, DATA, MODELS, unshared_settings
-from pdmask.orchestration.cluster_check import ClusterReport, NodeReport
-from pdmask.orchestration.ray_auth import (
+from pdmask.orchestration.cluster.auth import (
     TokenUnreadable,
     auth_problems,
     headers_for,
     scrub,
     token_source,
 )
-from pdmask.orchestration.shared_storage import TRACKING, tracking_problems, tracking_uri_problem
+from pdmask.orchestration.cluster.check import ClusterReport, NodeReport
+from pdmask.orchestration.cluster.shared_storage import (
+    TRACKING,
+    tracking_problems,
+    tracking_uri_problem,
+)
 
 
 def storage_problems(uri: str, **paths) -> list:

@@ -3,7 +3,7 @@ console prints), the log's end after it, within the MLflow tag's room."""
 
 from __future__ import annotations
 
-from pdmask.orchestration.ray_jobs_cluster import (
+from pdmask.orchestration.jobs.cluster import (
     TAIL_CHARS,
     JobView,
     describe_failure,

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 
 from pdmask.backends.verl.node_requirements import MIN_DRIVER, training_nodes
-from pdmask.orchestration import cluster_probe as probe
-from pdmask.orchestration import cluster_probe_inputs as inputs
-from pdmask.orchestration import cluster_probe_training as training
-from pdmask.orchestration.cluster_check import ClusterReport, NodeReport
+from pdmask.orchestration.cluster import probe
+from pdmask.orchestration.cluster import probe_inputs as inputs
+from pdmask.orchestration.cluster import probe_training as training
+from pdmask.orchestration.cluster.check import ClusterReport, NodeReport
 from tests.cluster.model_folder import tiny_model_folder
 
 pytestmark = pytest.mark.processes  # files, subprocesses and servers; no numbers computed
@@ -210,6 +210,21 @@ def test_free_space_against_the_plans_need(tmp_path):
     assert not inputs.check_space(None, 1)["ok"]
 
 
+def test_what_the_sweep_wrote_already_counts_toward_its_need(tmp_path):
+    root = tmp_path / "checkpoints"
+    (root / "main-figure" / "abc").mkdir(parents=True)
+    written = 1 << 30  # a sparse file: its size counts, it takes no space
+    with open(root / "main-figure" / "abc" / "model.pt", "wb") as fh:
+        fh.truncate(written)
+    free = shutil.disk_usage(tmp_path).free
+    # more than is free, less than free + what the sweep wrote (margins far above what other
+    # processes write or delete between two calls)
+    need = free + written // 2
+    assert not inputs.check_space(str(root), need)["ok"]
+    ok = inputs.check_space(str(root), need, "main-figure")
+    assert ok["ok"] and "written already" in ok["detail"], ok
+
+
 # --- the Hub ----------------------------------------------------------------------------------
 
 
@@ -230,7 +245,7 @@ def test_the_hub_answers_for_every_model_or_the_check_fails(hub, monkeypatch):
 
 
 def test_the_source_digest_follows_the_files_not_their_place(tmp_path, monkeypatch):
-    package = Path(probe.__file__).parents[1]  # the installed pdmask
+    package = Path(probe.__file__).parents[2]  # the installed pdmask
     here = probe.source_digest()
     assert here in probe.node_version("pdmask")
     shutil.copytree(package, tmp_path / "pdmask", ignore=shutil.ignore_patterns("*.pyc"))

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.orchestration.ray_jobs_local import tree_of
+from pdmask.orchestration.cluster.local_head import tree_of
 from tests.cluster.conftest import (
     ONE_MACHINE,
     env_for,
@@ -249,18 +249,22 @@ def test_a_lost_head_ends_the_sweep_within_the_bound_with_the_command_to_resume(
 
 def test_duplicate_submission_id_attaches_and_failure_keeps_log_tail(ray_head):
     """The job API refuses a second job with the same id: pdmask reads that as "attach"."""
-    from pdmask.orchestration.ray_jobs_cluster import JobCluster
+    from pdmask.backends.interface import JobResources, JobSpec
+    from pdmask.orchestration.jobs.cluster import JobCluster
 
     cluster = JobCluster(ray_head)
-    spec = {
-        "submission_id": "pdm-unit-0123456789abcdef-a1",
-        "entrypoint": f"{sys.executable} -c \"import sys; print('boom here'); sys.exit(3)\"",
-        "runtime_env": {"env_vars": {"MLFLOW_RUN_ID": "run-123"}},
-    }
+    spec = JobSpec(
+        trial_hash="0123456789abcdef",
+        submission_id="pdm-unit-0123456789abcdef-a1",
+        attempt=1,
+        entrypoint=f"{sys.executable} -c \"import sys; print('boom here'); sys.exit(3)\"",
+        runtime_env={"env_vars": {"MLFLOW_RUN_ID": "run-123"}},
+        resources=JobResources(nodes=1, gpus_per_node=0, gpus=0, gpu_kind="CPU"),
+    )
     assert cluster.submit(spec, {}) is False
     assert cluster.submit(spec, {}) is True
     deadline = time.time() + 60
-    while (view := cluster.view(spec["submission_id"])).active:
+    while (view := cluster.view(spec.submission_id)).active:
         assert time.time() < deadline
         time.sleep(0.3)
     assert view.status == "FAILED" and view.run_id == "run-123"

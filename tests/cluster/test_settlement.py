@@ -10,8 +10,11 @@ import pytest
 from rich.console import Console
 
 from pdmask.backends.interface import load_backend
-from pdmask.orchestration.ray_jobs import JobRunner, TrialJob
-from pdmask.orchestration.ray_jobs_cluster import JobView
+from pdmask.orchestration.interrupts import Interrupts
+from pdmask.orchestration.jobs.cluster import JobView
+from pdmask.orchestration.jobs.job_loop import JobRunner, TrialJob
+from pdmask.orchestration.options import SweepOptions
+from pdmask.orchestration.session import SweepSession
 from pdmask.registry import load_registry
 from pdmask.tracking import TrialRun, ensure_experiment, open_client, runs_by_hash
 from tests.cluster.conftest import ROOT
@@ -31,15 +34,23 @@ def store(tmp_path_factory):
 
 def _runner(client, experiment_id) -> tuple[JobRunner, io.StringIO]:
     out = io.StringIO()
-    runner = JobRunner(
+    session = SweepSession(
+        reg=None,
         sweep=None,
-        cluster=None,  # settling a SUCCEEDED job reads only MLflow
-        batch=None,  # nor does it build a job
+        trials=[],
+        options=SweepOptions(),
         client=client,
         uri="",
         experiment_id=experiment_id,
         tags={},
         console=Console(file=out, width=200),
+        interrupts=Interrupts(),
+        started=0.0,
+    )
+    runner = JobRunner(
+        session,
+        cluster=None,  # settling a SUCCEEDED job reads only MLflow
+        batch=None,  # nor does it build a job
     )
     return runner, out
 
@@ -120,7 +131,7 @@ def test_two_submitters_of_one_attempt_leave_one_run_and_no_orphan(store, monkey
     sweep, trial = reg.sweeps["main-figure"], reg.expand("main-figure", backend="verl")[3]
     theirs = TrialRun.start_or_resume(client, exp, trial, {}, log_params=False)
     runner, out = _runner(client, exp)
-    runner.cluster, runner.sweep = _SubmittedFirst(theirs.run_id), sweep
+    runner.cluster, runner.session.sweep = _SubmittedFirst(theirs.run_id), sweep
     runner.batch = load_backend("verl").job_batch(
         reg, sweep, [trial], cluster="h20x32", tracking_uri=""
     )

@@ -23,8 +23,8 @@ import pytest
 
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.backends.verl.site_inputs import shared_inputs
-from pdmask.orchestration.cluster_check import CheckSpec, run_check
-from pdmask.orchestration.cluster_probe import CHECKS, TRAINING_CHECKS, installed
+from pdmask.orchestration.cluster.check import CheckSpec, run_check
+from pdmask.orchestration.cluster.probe import CHECKS, TRAINING_CHECKS, installed
 from tests.cluster.model_folder import tiny_model_folder
 from tests.cluster.two_node import site
 

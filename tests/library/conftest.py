@@ -4,6 +4,7 @@ library tests that plug a backend in as one module plus one spec."""
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 from contextlib import contextmanager
 from pathlib import Path
@@ -25,7 +26,7 @@ def fixture_backend_project(tmp_path: Path, module: str, sweeps: dict[str, str])
     no state folder, store or Ray address inherited from the caller's environment."""
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(FIXTURES))
-        mp.setenv("PYTHONPATH", str(FIXTURES))
+        mp.setenv("PYTHONPATH", os.pathsep.join([str(FIXTURES), os.environ.get("PYTHONPATH", "")]))
         spec = importlib.import_module(module).SPEC
         register_backend(spec)
         for name in ("recipes", "sweeps", "dashboards"):

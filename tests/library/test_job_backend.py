@@ -3,7 +3,7 @@
 ``tests/fixtures/backends/pdm_bandit_jobs_backend.py`` is the module: the bandit of
 ``test_third_backend.py`` trained in Ray jobs. Everything else is pdmask's one job loop, reached
 only through ``backends.interface``: a real Ray head started on loopback for the CPU profile
-(``ray_jobs_local``), the job API, the trials' MLflow runs in a real sqlite store, admission,
+(``cluster/local_head.py``), the job API, the trials' MLflow runs in a real sqlite store, admission,
 polling, settling, skip-finished on the rerun, the summary.
 """
 

@@ -73,8 +73,8 @@ def test_the_library_never_imports_the_cli():
     modules = [
         "pdmask.api",
         "pdmask.orchestration.runner",
-        "pdmask.orchestration.progress",
-        "pdmask.orchestration.ray_jobs",
+        "pdmask.orchestration.tune.progress",
+        "pdmask.orchestration.jobs.job_loop",
         "pdmask.tracking.ui",
     ]
     code = f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"

@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 from rich.console import Console
 
-from pdmask.orchestration import runner
+from pdmask.orchestration import session as runner
 from pdmask.orchestration.claims import Claim, claim_path
+from pdmask.orchestration.options import SweepOptions
 
 pytestmark = pytest.mark.processes
 
@@ -82,9 +83,22 @@ def settle(store: Store, monkeypatch):
     monkeypatch.setattr(
         "pdmask.tracking.runs.find_trial_runs", lambda c, e, h: [store.run(store.live)]
     )
-    sweep = SimpleNamespace(search=None)
-    trials = [SimpleNamespace(trial_hash="abc")]
-    return runner.settle(store, "1", sweep, trials, 0, Console(quiet=True))
+    sweep = SimpleNamespace(search=None, cluster="this-machine", max_concurrent=None)
+    trials = [SimpleNamespace(trial_hash="abc", backend="sim")]
+    session = runner.SweepSession(
+        reg=None,
+        sweep=sweep,
+        trials=trials,
+        options=SweepOptions(),
+        client=store,
+        uri="",
+        experiment_id="1",
+        tags={},
+        console=Console(quiet=True),
+        interrupts=None,
+        started=0.0,
+    )
+    return session.settle(0)
 
 
 def test_settle_never_kills_a_run_that_finished_after_the_snapshot(state, monkeypatch):

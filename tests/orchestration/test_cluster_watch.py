@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pdmask.errors import ClusterLost
-from pdmask.orchestration.cluster_watch import CHECK_EVERY_S, NO_CPU_S, NO_NODE_S, ClusterWatch
+from pdmask.orchestration.cluster.watch import CHECK_EVERY_S, NO_CPU_S, NO_NODE_S, ClusterWatch
 
 
 class World:

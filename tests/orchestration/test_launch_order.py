@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from pdmask.orchestration.runner import spread_by_model
+from pdmask.orchestration.tune.launcher import spread_by_model
 from pdmask.registry import load_registry
 
 pytestmark = pytest.mark.processes

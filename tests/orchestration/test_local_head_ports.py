@@ -13,8 +13,8 @@ import urllib.request
 import pytest
 
 from pdmask.loopback import LOOPBACK, free_ports
-from pdmask.orchestration import ray_jobs_local
-from pdmask.orchestration.ray_jobs_local import PORT_FLAGS, LocalRayHead, tree_of
+from pdmask.orchestration.cluster import local_head as ray_jobs_local
+from pdmask.orchestration.cluster.local_head import PORT_FLAGS, LocalRayHead, tree_of
 
 
 def test_free_ports_are_distinct_and_bindable():

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from pdmask.orchestration.driver_logs import DRIVER_LOG, routed
-from pdmask.orchestration.progress import HEARTBEAT_S, Phase, SweepProgress
-from pdmask.orchestration.runner import SweepOutcome, _summary
+from pdmask.orchestration.report import print_summary as _summary
+from pdmask.orchestration.session import SweepOutcome
 from pdmask.orchestration.summary import results_by_setting
+from pdmask.orchestration.tune.progress import HEARTBEAT_S, Phase, SweepProgress
 
 METRICS = ["val-core/a/acc/mean_at_16", "val-core/b/acc/mean_at_16"]
 
@@ -201,7 +202,7 @@ def test_the_summary_gives_each_setting_mean_and_sd_over_seeds_and_each_failure(
     assert math.isclose(agg["sd"], math.sqrt(0.13))
     assert results["dppo-topk-kl"]["n"] == 1 and results["dppo-topk-kl"]["sd"] is None
 
-    from pdmask.orchestration.runner import _concluded
+    from pdmask.orchestration.session import concluded as _concluded
 
     outcome = _concluded(SweepOutcome(4, 1, 0, 0, elsewhere=2), runs, METRICS, started=None)
     outcome.wall_s = 83.0

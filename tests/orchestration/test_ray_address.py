@@ -10,7 +10,7 @@ import time
 import pytest
 
 from pdmask.loopback import LOOPBACK
-from pdmask.orchestration.ray_address import CONNECT_TIMEOUT_S, address_problems
+from pdmask.orchestration.cluster.address import CONNECT_TIMEOUT_S, address_problems
 
 from .conftest import ONE_TRIAL, pdm, write_sweep
 

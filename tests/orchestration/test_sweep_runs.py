@@ -218,6 +218,14 @@ def test_bad_tracking_store_fails_before_launch(project):
 
 
 def test_search_sweep_reports_best(project):
+    # The searched recipe calls its delta-role parameter `radius`: the search sets it by role,
+    # so each point trains the delta its tag shows (by name it trained the template's value).
+    pdm_agg = (project / "recipes" / "pdm_agg.py").read_text()
+    (project / "recipes" / "pdm_agg_radius.py").write_text(
+        pdm_agg.replace('name="pdm-agg"', 'name="pdm-agg-radius"').replace(
+            'params={"delta": DELTA', 'params={"radius": DELTA'
+        )
+    )
     write_sweep(
         project,
         "search",
@@ -230,7 +238,7 @@ search:
   budget: 3
   space:
     delta: {low: 0.02, high: 0.3, log: true}
-  base: {method: pdm-agg, model: qwen3-4b-base, precision: fp8-rollout}
+  base: {method: pdm-agg-radius, model: qwen3-4b-base, precision: fp8-rollout}
 """,
     )
     out = pdm(project, "sweep", "search")
@@ -240,6 +248,8 @@ search:
     assert len(runs) == 3 and {r.info.status for r in runs} == {"FINISHED"}
     assert len({r.data.tags["pdm.delta"] for r in runs}) == 3
     assert all(0.02 <= float(r.data.tags["pdm.delta"]) <= 0.3 for r in runs)
+    for run in runs:  # the value trained is the value searched
+        assert float(run.data.params["params.radius"]) == float(run.data.tags["pdm.delta"])
     # nothing left to run: the summary still names the best trial, and counts (not a dict) in
     # its rows (the early return once passed the best trial as the "elsewhere" count)
     again = pdm(project, "sweep", "search")

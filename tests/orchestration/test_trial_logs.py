@@ -181,7 +181,7 @@ def test_follow_prints_new_lines_and_stops_on_ctrl_c(project):
 
 
 def test_links_of_sigkilled_drivers_are_removed_by_the_next_sweep(tmp_path):
-    from pdmask.orchestration.local_ray import _remove_stale_links
+    from pdmask.orchestration.cluster.local_ray import _remove_stale_links
 
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"],

@@ -71,11 +71,10 @@ def test_a_checkpoint_only_continues_the_run_it_belongs_to(project):
 
 REFUSED_INSIDE_THE_TRIAL = textwrap.dedent(
     """
-    import dataclasses, json
-    from rich.console import Console
-    from pdmask.orchestration.runner import _summary, execute
+    import contextlib, dataclasses, json, sys
+    from pdmask.orchestration.options import SweepOptions
+    from pdmask.orchestration.runner import run_sweep
     from pdmask.registry import load_registry
-    from pdmask.tracking import ensure_experiment, open_client, provenance_tags, resolve_tracking_uri
 
     reg = load_registry()
     sweep = reg.sweep("one")
@@ -84,14 +83,8 @@ REFUSED_INSIDE_THE_TRIAL = textwrap.dedent(
     # are the last line of defence, and must fail it once, as a configuration error.
     nan = float("nan")
     trial = trial.model_copy(update={"delta": nan, "params": {**trial.params, "delta": nan}})
-    uri = resolve_tracking_uri(None)
-    client = open_client(uri)
-    outcome = execute(
-        sweep, [trial], client=client, uri=uri,
-        experiment_id=ensure_experiment(client, sweep.name), tags=provenance_tags(reg.root),
-        address=None, max_concurrent=1, root=reg.root, console=Console(stderr=True),
-    )
-    _summary(Console(stderr=True), sweep, outcome, uri)
+    with contextlib.redirect_stdout(sys.stderr):  # its summary; the outcome alone on stdout
+        outcome = run_sweep(reg, sweep, [trial], SweepOptions(max_concurrent=1, figures=False))
     print(json.dumps(dataclasses.asdict(outcome)))
     """
 )

@@ -155,6 +155,7 @@ def sim_state(model_cache):
         profile="smoke",
         base_model="stand-in",
         seed=1,
+        delta=0.15,
         cache_dir=str(model_cache / "sim"),
     )
     batch = TrialState(cfg).rollout(step_generator(cfg.seed, 1, "rollout"))

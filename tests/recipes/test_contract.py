@@ -17,7 +17,8 @@ import torch
 from pdmask.errors import RecipeError
 from pdmask.registry import Param, load_registry
 from pdmask.registry.recipe_check import check_recipes
-from pdmask.registry.recipe_files import RecipeSource, load_recipe_file, source_hash
+from pdmask.registry.recipe_files import load_recipe_file
+from pdmask.registry.recipe_source import RecipeSource, source_hash
 from tests.registry.conftest import pdm
 
 ROOT = Path(__file__).resolve().parents[2]

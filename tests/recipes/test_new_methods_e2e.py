@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.registry.recipe_files import source_hash
+from pdmask.registry.recipe_source import source_hash
 from tests.orchestration.conftest import pdm, sweep_runs, write_sweep
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pdmask.registry import Trial, load_registry
-from pdmask.registry.recipe_files import RecipeSource
+from pdmask.registry.recipe_source import RecipeSource
 
 PDM_AGG = (load_registry().root / "recipes" / "pdm_agg.py").read_text()
 BASE = dict(

@@ -24,6 +24,7 @@ def smoke_config(sim_cache):
             "precision": "bf16",
             "profile": "smoke",
             "seed": 0,
+            "delta": 0.15,
             "cache_dir": sim_cache,
         }
         values.update(overrides)
@@ -44,6 +45,7 @@ def learned_base_config(sim_cache):
             "profile": "smoke",
             "base_model": "stand-in",
             "seed": 0,
+            "delta": 0.15,
             "steps": 2,
             "cache_dir": sim_cache,
         }

@@ -28,7 +28,7 @@ def test_every_field_is_documented():
 
 
 def test_overrides_replace_profile_values_and_none_keeps_them():
-    cfg = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=1, lr=1e-4)
+    cfg = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=1, delta=0.15, lr=1e-4)
     budget = cfg.resolved()
     assert budget.lr == 1e-4
     assert budget.steps == PROFILES["default"].steps
@@ -47,14 +47,20 @@ def test_all_problems_are_reported_at_once_with_file_and_field():
 def test_minibatches_must_split_the_rollout_batch():
     with pytest.raises(ValidationFailed, match="not divisible"):
         SimTrialConfig.from_mapping(
-            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "minibatches": 7}
+            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "delta": 0.15, "minibatches": 7}
         )
 
 
 def test_evaluation_cannot_ask_for_more_problems_than_are_held_out():
     with pytest.raises(ValidationFailed, match="held-out problems"):
         SimTrialConfig.from_mapping(
-            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "eval_problems": 10_000}
+            {
+                "stand_in": "tiny-4b",
+                "precision": "bf16",
+                "seed": 0,
+                "delta": 0.15,
+                "eval_problems": 10_000,
+            }
         )
 
 
@@ -64,18 +70,19 @@ def test_the_sweep_reachable_knobs_are_the_backends_and_name_its_task_regimes():
 
     assert set(get_args(TaskName)) == set(TASKS)
     assert set(SimKnobs.model_fields) <= set(SimTrialConfig.model_fields)  # inherited, one home
-    llm = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, task="llm-like")
+    llm = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, delta=0.15, task="llm-like")
     assert llm.task_spec is TASKS["llm-like"]
     assert (
-        SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0).task_spec is TASKS["synonyms"]
+        SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, delta=0.15).task_spec
+        is TASKS["synonyms"]
     )
 
 
 def test_lr_zero_is_the_mismatch_control_and_negative_rates_are_refused():
-    control = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, lr=0)
+    control = SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, delta=0.15, lr=0)
     assert control.resolved().lr == 0 and not control.learns
-    assert SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0).learns
+    assert SimTrialConfig(stand_in="tiny-4b", precision="bf16", seed=0, delta=0.15).learns
     with pytest.raises(ValidationFailed, match="lr"):
         SimTrialConfig.from_mapping(
-            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "lr": -1e-4}
+            {"stand_in": "tiny-4b", "precision": "bf16", "seed": 0, "delta": 0.15, "lr": -1e-4}
         )

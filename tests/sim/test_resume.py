@@ -22,7 +22,7 @@ from pdmask.registry import load_registry
 
 workdir, cache, report_file, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 cfg = SimTrialConfig(stand_in="tiny-4b", precision="fp8-rollout", profile="smoke", seed=3,
-                     steps=10, checkpoint_every=3, cache_dir=cache)
+                     delta=0.15, steps=10, checkpoint_every=3, cache_dir=cache)
 
 def reporter(step, metrics):
     with open(report_file, "a") as f:

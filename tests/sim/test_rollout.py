@@ -61,7 +61,12 @@ def test_mismatch_is_positive_and_larger_in_fp8_than_bf16(setups):
 def test_rollouts_are_deterministic_given_the_seed(sim_cache):
     def batch(seed):
         cfg = SimTrialConfig(
-            stand_in="tiny-4b", precision="bf16", profile="smoke", seed=seed, cache_dir=sim_cache
+            stand_in="tiny-4b",
+            precision="bf16",
+            profile="smoke",
+            seed=seed,
+            delta=0.15,
+            cache_dir=sim_cache,
         )
         return build_analysis_setup(cfg).batch.generation.responses
 

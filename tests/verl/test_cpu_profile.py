@@ -45,7 +45,7 @@ def _spec(registry, sweep_name: str, cluster: str, **match):
 
 
 def _overrides(spec) -> dict[str, str]:
-    return dict(o.split("=", 1) for o in spec["overrides"])
+    return dict(o.split("=", 1) for o in spec.overrides)
 
 
 def test_cpu_jobs_compose_validate_and_pass_the_startup_checks(registry, carried):
@@ -61,9 +61,9 @@ def test_cpu_jobs_compose_validate_and_pass_the_startup_checks(registry, carried
             spec = job_spec(
                 trial, registry.sweep("verl-smoke"), cluster="this-machine", tracking_uri="x"
             )
-            assert spec["runtime_env"]["env_vars"].items() >= CPU_ENV.items()
-            carried(spec["runtime_env"]["env_vars"][ENV_VAR])  # what the job's workers see
-            config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
+            assert spec.runtime_env["env_vars"].items() >= CPU_ENV.items()
+            carried(spec.runtime_env["env_vars"][ENV_VAR])  # what the job's workers see
+            config = compose(config_name="ppo_trainer", overrides=spec.overrides)
             _validated(config)
             assert config_problems(config) == []
             assert config.trainer.device == "cpu"
@@ -78,7 +78,7 @@ def test_gpu_cluster_jobs_are_untouched_by_the_cpu_profile(registry):
     cpu_settings = {(k.lstrip("+"), _value(v)) for k, v in CPU_OVERRIDES.items()}
     assert not cpu_settings & {(k.lstrip("+"), v) for k, v in overrides.items()}
     assert "trainer.device" not in overrides
-    assert not CPU_ENV.keys() & spec["runtime_env"]["env_vars"].keys()
+    assert not CPU_ENV.keys() & spec.runtime_env["env_vars"].keys()
     assert overrides["actor_rollout_ref.model.use_remove_padding"] == "True"
     assert overrides["data.train_batch_size"] == "64"  # the paper's, for 4B
 
@@ -92,9 +92,9 @@ def test_a_paper_model_is_refused_on_the_cpu_profile(registry):
 
 def test_startup_checks_refuse_truncation_and_a_low_logprob_cap(registry, carried):
     spec = _spec(registry, "verl-smoke", "this-machine", method="pdm-agg", mu_source="rollout")
-    carried(spec["runtime_env"]["env_vars"][ENV_VAR])
+    carried(spec.runtime_env["env_vars"][ENV_VAR])
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
+        config = compose(config_name="ppo_trainer", overrides=spec.overrides)
     with open_dict(config):
         config.actor_rollout_ref.rollout.top_p = 0.95
         config.actor_rollout_ref.rollout.top_k = 5

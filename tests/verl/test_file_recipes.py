@@ -52,7 +52,7 @@ def specs_of(project):
     sweep = reg.sweep("hard")
     trials = reg.expand("hard", backend="verl")
     specs = job_specs(reg, sweep, trials, cluster="h20x32", tracking_uri="sqlite:///x.db")
-    return {spec["run_name"].split("-")[0]: spec for spec in specs}, reg
+    return {spec.run_name.split("-")[0]: spec for spec in specs}, reg
 
 
 def _kv(overrides):
@@ -66,27 +66,27 @@ def test_job_of_a_new_recipe_carries_its_file_and_verl_accepts_the_config(projec
 
     from pdmask.backends.verl.checks import config_problems
 
-    specs = {s["trial_hash"]: s for s in specs_of(project)[0].values()}
+    specs = {s.trial_hash: s for s in specs_of(project)[0].values()}
     by_method = {}
     reg = load_registry(project)
     for trial in reg.expand("hard", backend="verl"):
         by_method[trial.method] = specs[trial.trial_hash]
     new, builtin = by_method["hard-topk-kl"], by_method["pdm-agg"]
     # Every method travels as its recipe file, the project's own included.
-    shipped = json.loads(builtin["runtime_env"]["env_vars"][ENV_VAR])["pdm_agg"]
+    shipped = json.loads(builtin.runtime_env["env_vars"][ENV_VAR])["pdm_agg"]
     assert shipped["source"] == (project / "recipes" / "pdm_agg.py").read_text()
-    env = new["runtime_env"]["env_vars"]
+    env = new.runtime_env["env_vars"]
     entry = json.loads(env[ENV_VAR])[LOSS_MODE]
     assert entry["source"] == NEW_RECIPE and entry["name"] == "hard-topk-kl"
     assert entry["params"]["delta"] == 0.05 and entry["uses_delta"] is True
     assert entry["precision"] == "bf16" and entry["native"] is False
-    kv = _kv(new["overrides"])
+    kv = _kv(new.overrides)
     assert kv["actor_rollout_ref.actor.policy_loss.loss_mode"] == LOSS_MODE
     assert kv["actor_rollout_ref.actor.policy_loss.pdm_delta"] == "0.05"
 
     carried(env[ENV_VAR])  # as on a worker of that job: verl's own config accepts it
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=new["overrides"])
+        config = compose(config_name="ppo_trainer", overrides=new.overrides)
     validate_config(
         config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config)
     )
@@ -112,7 +112,7 @@ def test_a_recipe_needing_what_verl_cannot_supply_is_refused_before_any_job(proj
 
 def test_plain_import_verl_in_a_job_process_registers_the_carried_loss(project):
     specs, _ = specs_of(project)
-    env_value = specs["hard"]["runtime_env"]["env_vars"][ENV_VAR]
+    env_value = specs["hard"].runtime_env["env_vars"][ENV_VAR]
     code = (
         "import verl, json\n"
         "from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY\n"

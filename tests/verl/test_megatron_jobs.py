@@ -98,15 +98,15 @@ def test_the_papers_fp8_end_to_end_jobs_say_fp8_training(main_figure, tmp_path):
             trial, sweep, cluster="h20x32", tracking_uri=f"sqlite:///{tmp_path}/m.db",
             settings=SETTINGS,
         )  # fmt: skip
-        env = spec["runtime_env"]["env_vars"]
+        env = spec.runtime_env["env_vars"]
         if trial.precision == "fp8-e2e":
-            assert spec["training"]["engine"] == "megatron" and spec["training"]["fp8_training"]
-            assert (spec["training"]["tensor_parallel"], spec["training"]["expert_parallel"]) == (
+            assert spec.training["engine"] == "megatron" and spec.training["fp8_training"]
+            assert (spec.training["tensor_parallel"], spec.training["expert_parallel"]) == (
                 2,
                 8,
             )
-            assert "trains in FP8 on verl's Megatron engine" in spec["precision"]
+            assert "trains in FP8 on verl's Megatron engine" in spec.precision
             assert env["NVTE_FP8_BLOCK_SCALING_FP32_SCALES"] == "1"
         else:
-            assert spec["training"] == {"engine": "fsdp"}
+            assert spec.training == {"engine": "fsdp"}
             assert "NVTE_FP8_BLOCK_SCALING_FP32_SCALES" not in env

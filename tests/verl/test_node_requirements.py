@@ -41,7 +41,7 @@ from pdmask.backends.verl.node_requirements import (  # noqa: E402
     VLLM_VERSION,
     training_nodes,
 )
-from pdmask.orchestration.cluster_probe_training import check_attention  # noqa: E402
+from pdmask.orchestration.cluster.probe_training import check_attention  # noqa: E402
 from pdmask.registry import CLUSTERS, load_registry  # noqa: E402
 from tests.cluster.model_folder import tiny_model_folder  # noqa: E402
 
@@ -116,9 +116,9 @@ def test_every_job_says_its_attention_and_verl_composes_it(registry, cluster):
         for t in trials
     ]
     for spec in specs:
-        assert f"+{ATTENTION_KEY}={want}" in spec["overrides"]  # in the dry run, as written
+        assert f"+{ATTENTION_KEY}={want}" in spec.overrides  # in the dry run, as written
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=specs[0]["overrides"])
+        config = compose(config_name="ppo_trainer", overrides=specs[0].overrides)
     assert config.actor_rollout_ref.model.override_config.attn_implementation == want
 
 

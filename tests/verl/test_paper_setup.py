@@ -46,7 +46,7 @@ def composed():
                 base = next(t for t in trials if t.method == method and t.seed == 0)
                 trial = base.model_copy(update={"model": model, "precision": "bf16"})
                 spec = job_spec(trial, sweep, cluster=H20, tracking_uri="x", settings=settings)
-                config = compose(config_name="ppo_trainer", overrides=spec["overrides"])
+                config = compose(config_name="ppo_trainer", overrides=spec.overrides)
                 validate_config(
                     config,
                     use_reference_policy=need_reference_policy(config),

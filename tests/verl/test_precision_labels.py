@@ -50,9 +50,9 @@ def test_no_verl_run_description_tag_or_job_calls_bf16_training_fp8_end_to_end(v
     }
     assert engines == {"fsdp", "megatron"}  # both cases in question exist
     for cluster, sweep, trial, job in verl_jobs:
-        tags = job["mlflow"]["tags"]  # what the pre-created run gets
+        tags = job.mlflow["tags"]  # what the pre-created run gets
         fp8_training = training_engine(trial.precision, cluster) == "megatron"
-        said = [sweep.description, job["precision"], *tags.values()]
+        said = [sweep.description, job.precision, *tags.values()]
         if not fp8_training:
             said.append(trial.description())
             assert not FP8_END_TO_END.search(" ".join(said)), (cluster, trial.run_name())
@@ -61,11 +61,11 @@ def test_no_verl_run_description_tag_or_job_calls_bf16_training_fp8_end_to_end(v
         if trial.precision == "fp8-e2e" and not fp8_training:
             assert tags["pdm.precision_label"] == BF16_TRAINING
             assert f"fp8-e2e ({BF16_TRAINING})" in trial.description()
-            assert "BF16" in job["precision"] and "KV cache" in job["precision"]
+            assert "BF16" in job.precision and "KV cache" in job.precision
         if trial.precision == "fp8-e2e" and fp8_training:
             assert tags["pdm.precision_label"] == PRECISIONS["fp8-e2e"].megatron_label
             assert "FP8 training" in tags["pdm.precision_label"]
-            assert "in FP8 on verl's Megatron engine" in job["precision"]
+            assert "in FP8 on verl's Megatron engine" in job.precision
 
 
 @pytest.mark.parametrize("cluster", PROFILES)
@@ -75,7 +75,7 @@ def test_the_jobs_own_tags_say_what_it_runs(verl_jobs, cluster):
     _, _, trial, job = next(j for j in verl_jobs if j[0] == cluster and j[2].precision == "fp8-e2e")
     megatron = training_engine(trial.precision, cluster) == "megatron"
     with initialize_config_module(config_module="verl.trainer.config", version_base=None):
-        config = compose(config_name="ppo_trainer", overrides=job["overrides"])
+        config = compose(config_name="ppo_trainer", overrides=job.overrides)
     tags = job_tags(config)
     assert (tags["pdm.verl.rollout_quantization"], tags["pdm.verl.kv_cache_dtype"]) == (
         "fp8",

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from pdmask.orchestration.ray_jobs_local import tree_of
+from pdmask.orchestration.cluster.local_head import tree_of
 
 STEP_KEY = "actor/pdm/kl_topk_mean"
 ENGINE_TITLE = "EngineCore"

@@ -6,7 +6,7 @@ import contextlib
 import os
 import threading
 
-from pdmask.orchestration.ray_jobs_local import tree_of
+from pdmask.orchestration.cluster.local_head import tree_of
 
 _LISTEN = "0A"
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from pdmask.orchestration.ray_jobs_local import _processes
+from pdmask.orchestration.cluster.local_head import _processes
 from tests.cluster.conftest import pdm_cmd
 from tests.cluster.two_node import alive_nodes, site
 

@@ -157,7 +157,13 @@ def run_token_analysis(
     track: bool = True,
     progress: Progress = print,
 ) -> AnalysisResult:
-    """Analyse every seed (resuming from the cache), then write the outputs and the MLflow run."""
+    """Analyse every seed (resuming from the cache), then write the outputs and the MLflow run.
+
+    Raises:
+        ConfigError: the sweep is not one training setting, or its method has no delta and
+            none is given; ``ValidationFailed`` for a sweep that does not expand.
+        TrackingError: the tracking store cannot be opened (``track``).
+    """
     started = time.perf_counter()
     setting = resolve_setting(cfg)
     config_hash = cfg.config_hash(setting.identity())

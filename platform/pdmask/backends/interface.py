@@ -5,10 +5,10 @@ import path (``runtime``); ``load_backend`` imports it in the process that needs
 two launch protocols it implements follows from the spec's ``launch``:
 
 - ``Launch.TUNE`` -> ``TrainsInProcess``: ``train`` runs one trial inside a Ray Tune worker
-  (``orchestration/trainable.py``), resuming from ``workdir``.
+  (``orchestration/tune/trainable.py``), resuming from ``workdir``.
 - ``Launch.RAY_JOBS`` -> ``SubmitsJobs``: ``job_batch`` checks and builds a sweep's trials as
-  Ray Jobs (a ``JobBatch``), which ``orchestration/ray_jobs.py`` admits, submits, polls, retries
-  and settles, one job per trial attempt, under the submission ids ``submission_id`` gives.
+  Ray Jobs (a ``JobBatch``), which ``orchestration/jobs/`` admits, submits, polls, retries and
+  settles, one job per trial attempt, under the submission ids ``submission_id`` gives.
 
 A runtime module keeps heavy imports (torch, verl) inside its methods: the driver loads it to
 check and plan a sweep.
@@ -16,8 +16,10 @@ check and plan a sweep.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -89,6 +91,36 @@ def parse_submission_id(sid: str) -> tuple[str, str, int] | None:
     return sweep, trial_hash, int(attempt)
 
 
+@dataclass(frozen=True)
+class JobResources:
+    """What one trial's job occupies: what must fit the cluster's nodes, and what admission
+    reserves of the cluster's free GPUs."""
+
+    nodes: int
+    gpus_per_node: int
+    gpus: int
+    gpu_kind: str  # the GPU kind of the cluster profile (CPU for a job that takes none)
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.gpus_per_node} {self.gpu_kind}"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One trial attempt as a Ray job: what the job loop submits. A backend's own spec may add
+    fields (a subclass), which the dry run shows with these (``to_json``)."""
+
+    trial_hash: str
+    submission_id: str  # ``submission_id(sweep, trial hash, attempt)``
+    attempt: int
+    entrypoint: str  # the job's shell command
+    runtime_env: dict[str, Any]  # Ray's: ``env_vars`` reach every process of the job
+    resources: JobResources
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
 @runtime_checkable
 class JobBatch(Protocol):
     """One sweep's trials as Ray jobs, as a job-submitting backend checked and built them
@@ -101,9 +133,8 @@ class JobBatch(Protocol):
     """The environment variable through which the jobs find a folder that lives and dies with a
     Ray head pdm starts on this machine for them (None: they need none)."""
 
-    def resources(self, trial: Trial) -> dict[str, Any]:
-        """``nodes``, ``gpus_per_node``, ``gpus`` and ``gpu_kind`` of the trial's job: what must
-        fit the cluster's nodes and what admission reserves."""
+    def resources(self, trial: Trial) -> JobResources:
+        """What the trial's job occupies."""
         ...
 
     def unshared(self) -> list[Problem]:
@@ -117,7 +148,7 @@ class JobBatch(Protocol):
         ``checkpoint_root``, ``data_files``, ``model_root``, ``model_paths``,
         ``data_built_here``; optionally ``hub_models``, ``checkpoint_need_bytes``, ``versions``
         (package -> pinned version, on every node) and ``training`` (what a node running the
-        jobs' workers must have: ``orchestration/cluster_check.py`` ``CheckSpec``)."""
+        jobs' workers must have: ``orchestration/cluster/check.py`` ``CheckSpec``)."""
         ...
 
     def prepare(self, log: Callable[[str], None]) -> None:
@@ -125,9 +156,8 @@ class JobBatch(Protocol):
         before the first submission (``ConfigError`` names what is missing)."""
         ...
 
-    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> dict[str, Any]:
-        """The trial's job for this attempt, logging into MLflow run ``run_id``: its
-        ``submission_id`` (``submission_id``), ``entrypoint``, ``runtime_env``, ``resources``."""
+    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> JobSpec:
+        """The trial's job for this attempt, logging into MLflow run ``run_id``."""
         ...
 
 
@@ -135,16 +165,25 @@ class JobBatch(Protocol):
 class SubmitsJobs(Backend, Protocol):
     def job_specs(
         self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
-    ) -> list[dict[str, Any]]:
-        """The Ray Job each trial would be submitted as (``pdm plan --json`` shows them)."""
+    ) -> list[JobSpec]:
+        """The Ray Job each trial would be submitted as (attempt 1, no run yet: the dry run
+        shows them)."""
         ...
 
     def job_batch(
-        self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
+        self,
+        reg: Registry,
+        sweep: Sweep | None,
+        trials: list[Trial],
+        *,
+        cluster: str,
+        tracking_uri: str,
     ) -> JobBatch:
         """``trials`` (of ``sweep``, on cluster profile ``cluster``) checked and built as jobs
         that log into ``tracking_uri``; their problems are the batch's, never raised, so that the
-        job loop reports them with its own, all at once. Nothing is prepared or submitted."""
+        job loop reports them with its own, all at once. Nothing is prepared or submitted. No
+        sweep and no trials: what every node must share whatever it trains (`pdm cluster
+        check`'s ``node_inputs``). Raises ``ConfigError`` for a malformed site setting."""
         ...
 
 
@@ -153,7 +192,12 @@ _LOADED: dict[str, Backend] = {}
 
 
 def load_backend(backend: str | BackendSpec) -> Backend:
-    """The runtime of ``backend`` (a registered name, or a spec carried from the driver)."""
+    """The runtime of ``backend`` (a registered name, or a spec carried from the driver).
+
+    Raises:
+        BackendUnavailable: its runtime cannot be imported (an optional dependency missing) or is
+            not the launch protocol its spec names.
+    """
     spec = backend if isinstance(backend, BackendSpec) else backend_spec(backend)
     if spec.runtime not in _LOADED:
         module_name, _, attribute = spec.runtime.partition(":")

@@ -100,7 +100,7 @@ class Commands(TyperGroup):
         try:
             return super().invoke(ctx)
         except PdmError as err:
-            from pdmask.orchestration.ray_auth import scrub  # the Ray token is never printed
+            from pdmask.orchestration.cluster.auth import scrub  # the Ray token is never printed
 
             print(f"error: {scrub(str(err))}", file=sys.stderr)
             raise typer.Exit(err.exit_code) from None

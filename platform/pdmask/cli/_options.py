@@ -70,7 +70,7 @@ RayAddress = Annotated[
 
 
 def _use_token_file(value: Path | None) -> Path | None:
-    # Read where every client of the cluster looks for it (orchestration/ray_auth.py).
+    # Read where every client of the cluster looks for it (orchestration/cluster/auth.py).
     if value is not None:
         os.environ["PDM_RAY_TOKEN_FILE"] = str(value.expanduser())
     return value

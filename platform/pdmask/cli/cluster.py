@@ -6,7 +6,7 @@ same folder on every node, the data files exist, the profile's model folders are
 the Hub answers), pdmask is the submitter's source and verl the pinned version; and on the nodes
 with GPUs: the driver runs the wheels' CUDA, the GPUs match the profile, the jobs' attention
 imports, vLLM, torch and flash-attn are the pinned versions, and an all-reduce across those nodes
-works (``orchestration/cluster_check.py``). Prints a row per node.
+works (``orchestration/cluster/check.py``). Prints a row per node.
 
 Exit codes: 0 every check passed on every node; 1 some check failed (each named with its node);
 2 the check could not run (no address, an address that does not answer, an unauthenticated job
@@ -54,7 +54,8 @@ def check(
         _choices.Cluster | None,
         typer.Option(
             help="Cluster profile whose jobs' needs are checked: its models, GPUs per node and "
-            "memory (the CPU profile reads the tiny task pdm builds). Default: h20x32's."
+            "memory (the CPU profile reads the tiny task pdm builds). Default: a sweep's default "
+            "profile."
         ),
     ] = None,
     ray_token_file: RayTokenFile = None,
@@ -70,13 +71,13 @@ def check(
     Reads the same settings as `pdm sweep --backend verl`: PDM_VERL_CHECKPOINT_DIR, PDM_DATA_DIR,
     PDM_MODEL_ROOT, and the tracking URI.
     """
-    from pdmask.backends.verl.jobs_setup import JobSettings
-    from pdmask.backends.verl.site_inputs import shared_inputs
     from pdmask.console import console, print_json
     from pdmask.errors import ConfigError, Problem, ValidationFailed
-    from pdmask.orchestration.cluster_check import CheckSpec, render, run_check
-    from pdmask.orchestration.ray_address import WHERE, address_problems
-    from pdmask.orchestration.ray_auth import auth_problems
+    from pdmask.orchestration.cluster.address import WHERE, address_problems
+    from pdmask.orchestration.cluster.auth import auth_problems
+    from pdmask.orchestration.cluster.check import CheckSpec, render, run_check
+    from pdmask.orchestration.jobs.checks import check_batch
+    from pdmask.registry import load_registry
     from pdmask.tracking.store import resolve_tracking_uri
 
     if not address:
@@ -85,15 +86,14 @@ def check(
         )
     problems = address_problems(address, jobs=True)
     problems = problems or auth_problems(address, insecure)
-    try:
-        settings = JobSettings.from_env()
+    uri = resolve_tracking_uri(tracking_uri)
+    try:  # the backend's jobs say what their nodes must share
+        batch = check_batch(load_registry(), uri, cluster)
     except ConfigError as err:
         problems.append(Problem("environment", "site settings", str(err)))
-        settings = None
     if problems:
         raise ValidationFailed(problems)
-    inputs = shared_inputs(settings, cluster or "h20x32")
-    report = run_check(address, CheckSpec.of(resolve_tracking_uri(tracking_uri), inputs))
+    report = run_check(address, CheckSpec.of(uri, batch.node_inputs()))
     if json:
         print_json(report.to_json())
     else:

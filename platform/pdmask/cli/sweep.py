@@ -155,9 +155,12 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     )
     specs = None
     if isinstance(backend, SubmitsJobs):  # the cluster job each trial would be submitted as
-        specs = backend.job_specs(
-            reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri
-        )
+        specs = [  # as the dry run shows them (--json too): a backend's spec adds fields
+            spec.to_json()
+            for spec in backend.job_specs(
+                reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri
+            )
+        ]
     workloads, measured = _costs_of(specs, trials, options.tracking_uri)
     rows = plan_rows(trials, cluster, status_of, workloads, measured)
     disk = disk_need(rows, cluster)
@@ -241,11 +244,10 @@ def _print_plan(name: str, options, as_json: bool) -> None:
             # no markup: rich would read `[console,mlflow]` as a tag and print `trainer.logger=`
             out.print(f"  entrypoint: {spec['entrypoint']}", markup=False)
             out.print(f"  runtime_env: {redact(str(spec['runtime_env']))}")  # no passwords
-            out.print(f"  resources: {spec['resources']}")
-            if "engine" in spec:
-                out.print(f"  engine: {spec['engine']}", markup=False)
-                out.print(f"  training: {spec['training']}", markup=False)
-                out.print(f"  checkpoints: {spec['checkpoints']}", markup=False)
+            out.print(f"  resources: {spec['resources']}", markup=False)
+            for part in ("engine", "training", "checkpoints"):  # what a backend's spec adds
+                if part in spec:
+                    out.print(f"  {part}: {spec[part]}", markup=False)
 
 
 COST_BASIS = (

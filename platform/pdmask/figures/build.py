@@ -228,6 +228,11 @@ def build_figure(
     ``use_cache=False`` re-reads every history from MLflow; ``diagnostics=False`` skips the
     companion diagnostics figure even when the spec declares one. ``trial_hashes`` restricts
     the figure to those trials (the sweep runner passes its resolved trials).
+
+    Raises:
+        ConfigError: no such spec, or a spec that does not parse or validate
+            (``ValidationFailed``, every problem at once).
+        TrackingError: the tracking store cannot be read or trusted.
     """
     started = time.perf_counter()
     spec = load_spec(name)

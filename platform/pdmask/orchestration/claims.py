@@ -12,7 +12,7 @@ up: a claim held for a moment by a settling sweep is not a trial running elsewhe
 
 The claim file names its holder's experiment (``claim_holder``): two *different* sweeps that share
 a trial (same hash, so the same checkpoint folder) each need a run of it in their own experiment;
-the second waits for the first to release the trial, then trains its own (``trainable.py``).
+the second waits for the first to release the trial, then trains its own (``tune/trainable.py``).
 """
 
 from __future__ import annotations

@@ -2,10 +2,11 @@
 
 While a sweep runs, SIGINT, SIGTERM and SIGHUP (its terminal closed) never raise in the middle of
 whatever the driver is doing (starting Ray, talking to the store, shutting Ray down): the first
-one only asks the sweep to stop. Tune then stops the running trials (``StopOnRequest``), Ray shuts down, the runs left
-RUNNING are marked KILLED, and the command exits with ``EXIT_INTERRUPTED`` whatever the moment
-of the signal. A second signal says it is still stopping; a third gives up at once (the reaper
-still removes Ray's processes; the next run repairs the runs' states).
+one only asks the sweep to stop (``Interrupts.event``). Its launcher stops (Tune stops the running
+trials, the job loop detaches from its jobs), the runs left RUNNING without a job are marked
+KILLED, and the command exits with ``EXIT_INTERRUPTED`` whatever the moment of the signal. A
+second signal says it is still stopping; a third gives up at once (the reaper still removes Ray's
+processes; the next run repairs the runs' states).
 
 SIGINT is handled even where the sweep inherited it ignored (a script's background job), since
 Ctrl-C is how a user stops it; SIGHUP is left ignored where it was (``nohup pdm sweep ...``: the
@@ -20,8 +21,6 @@ import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-
-from ray.tune import Stopper
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, the shell's code for an interrupted command
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -74,23 +73,3 @@ def handled() -> Iterator[Interrupts]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-
-
-class StopOnRequest(Stopper):
-    """A Tune stopper: stops every trial once a stop was requested."""
-
-    def __init__(self, interrupts: Interrupts):
-        self.event = interrupts.event
-
-    def __getstate__(self):
-        # Tune pickles its run config; an event holds a lock (the stopper only runs here).
-        return {}
-
-    def __setstate__(self, state):
-        self.event = threading.Event()
-
-    def __call__(self, trial_id, result) -> bool:
-        return self.event.is_set()
-
-    def stop_all(self) -> bool:
-        return self.event.is_set()

@@ -19,10 +19,11 @@ def environment_problems(
     address: str | None = None, jobs: bool = False, env=None, insecure: bool = False
 ) -> list[Problem]:
     """What is wrong in the settings a sweep reads from its environment and flags (the watchdog's
-    bounds, the Ray address: ``ray_address.py``, and for jobs its authentication: ``ray_auth.py``,
-    refused without a token unless ``insecure``), each named by its variable."""
-    from pdmask.orchestration.ray_address import address_problems
-    from pdmask.orchestration.ray_auth import auth_problems
+    bounds, the Ray address: ``cluster/address.py``, and for jobs its authentication:
+    ``cluster/auth.py``, refused without a token unless ``insecure``), each named by its
+    variable."""
+    from pdmask.orchestration.cluster.address import address_problems
+    from pdmask.orchestration.cluster.auth import auth_problems
     from pdmask.watchdog import site_bounds
 
     problems = address_problems(address, jobs)
@@ -112,8 +113,12 @@ def validate_sweeps(
     reg: Registry, names: list[str] | None = None, max_trials: int | None = None
 ) -> dict[str, int]:
     """Trial count per sweep (default: every sweep file, broken ones included) after every
-    check, every recipe's defaults included; raises ValidationFailed listing the problems of
-    all of them together."""
+    check, every recipe's defaults included.
+
+    Raises:
+        ValidationFailed: the problems of all of them together (`pdm validate`'s exit 2).
+        BackendUnavailable: a sweep's backend lacks its optional dependencies.
+    """
     from pdmask.registry.recipe_check import check_recipes
 
     problems = list(reg.problems)

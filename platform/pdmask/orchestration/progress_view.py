@@ -1,6 +1,6 @@
 """What the sweep's progress shows, computed from its rows: the header, the rows that fit, the ETA.
 
-Pure (no Ray, no clock of its own): ``progress.py`` feeds it Tune's events and the time, so the
+Pure (no Ray, no clock of its own): ``tune/progress.py`` feeds it Tune's events and the time, so the
 tests render a 60-trial sweep on a fake clock. The header counts this invocation's trials:
 done (finished, or found finished by another invocation meanwhile), running (training, waiting
 for another sweep's claim, or retrying), failed (crashed out of retries, stalled, refused

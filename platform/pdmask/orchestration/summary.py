@@ -1,5 +1,5 @@
 """The end of a sweep in numbers: each setting's final headline metric over its seeds, and why
-each failed trial failed. Pure: read from the runs ``runner.settle`` already holds.
+each failed trial failed. Pure: read from the runs ``SweepSession.settle`` already holds.
 
 A run's final value is the mean of the backend's evaluation metrics (``eval_metrics``: one per
 dataset) at its last logged step, as the figures plot it. Runs are grouped by their method as
@@ -12,7 +12,7 @@ group are its samples: mean ± sample standard deviation (none for a single seed
 from __future__ import annotations
 
 from statistics import mean, stdev
-from typing import Any
+from typing import TypedDict
 
 from pdmask.registry.sim_knobs import knobs_label
 
@@ -21,6 +21,22 @@ from pdmask.registry.sim_knobs import knobs_label
 AXES = ("pdm.method_label", "pdm.model", "pdm.precision", "pdm.delta")
 SIM_TAG_PREFIX = "pdm.sim."
 FAILURE_REASON_TAG = "pdm.failure_reason"
+
+
+class SettingResult(TypedDict):
+    """One setting's final headline metric over its seeds."""
+
+    setting: str  # its method as tables show it, then the other axes that vary
+    n: int  # seeds with a value
+    mean: float
+    sd: float | None  # None for one seed
+
+
+class TrialFailure(TypedDict):
+    """A FAILED trial's run name and the first line of its reason."""
+
+    name: str
+    reason: str
 
 
 def final_value(run, metrics: list[str]) -> float | None:
@@ -36,7 +52,7 @@ def format_mean_sd(mean_: float, sd: float | None) -> str:
     return f"{mean_:.3f}" if sd is None else f"{mean_:.3f} ± {sd:.3f}"
 
 
-def results_by_setting(runs: list, metrics: list[str]) -> list[dict[str, Any]]:
+def results_by_setting(runs: list, metrics: list[str]) -> list[SettingResult]:
     """One row per setting of the FINISHED ``runs``: ``setting`` (its method, then the other
     axes that vary), ``n`` (seeds with a value), ``mean``, ``sd`` (None for one seed)."""
     groups: dict[tuple, list[float]] = {}
@@ -50,7 +66,7 @@ def results_by_setting(runs: list, metrics: list[str]) -> list[dict[str, Any]]:
     for key, values in groups.items():
         m, sd = mean_sd(values)
         setting = " ".join([key[0], *(_axis_text(AXES[i], key[i]) for i in varying)])
-        rows.append({"setting": setting, "n": len(values), "mean": m, "sd": sd})
+        rows.append(SettingResult(setting=setting, n=len(values), mean=m, sd=sd))
     return sorted(rows, key=lambda r: r["setting"])
 
 
@@ -79,7 +95,7 @@ def _axis_text(axis: str, value: str) -> str:
         return f"δ={value}"
 
 
-def failures(runs: list) -> list[dict[str, str]]:
+def failures(runs: list) -> list[TrialFailure]:
     """``name`` and ``reason`` (its first line) of each FAILED run."""
     from pdmask.tracking.runs import attempt_failure
 
@@ -89,9 +105,9 @@ def failures(runs: list) -> list[dict[str, str]]:
             continue
         reason = (run.data.tags.get(FAILURE_REASON_TAG) or "").strip().splitlines()[:1]
         out.append(
-            {
-                "name": run.data.tags.get("mlflow.runName") or run.info.run_id,
-                "reason": reason[0] if reason else attempt_failure(run) or "no reason recorded",
-            }
+            TrialFailure(
+                name=run.data.tags.get("mlflow.runName") or run.info.run_id,
+                reason=reason[0] if reason else attempt_failure(run) or "no reason recorded",
+            )
         )
     return out

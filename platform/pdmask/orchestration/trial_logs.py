@@ -34,6 +34,11 @@ def log_path(sweep: str, run_name: str) -> Path:
     return logs_dir() / sweep.replace(os.sep, "_") / f"{run_name.replace(os.sep, '_')}.log"
 
 
+def logs_folder(sweep: str) -> Path:
+    """The folder of ``sweep``'s trial logs."""
+    return log_path(sweep, "RUN").parent
+
+
 def header(
     run_name: str, trial_hash: str, run_id: str, attempt: int | str, source: str = ""
 ) -> str:
@@ -138,20 +143,3 @@ def _attempts(path: Path) -> list[tuple[str, str]]:
     except OSError:
         pass
     return found
-
-
-def tune_dirnames():
-    """Tune's ``trial_dirname_creator``: a trial's folder under the sweep's Tune results is its
-    run name (with its trial hash appended when another trial of the sweep has the same name)."""
-    from pdmask.orchestration.trainable import trial_from_config
-
-    taken: dict[str, str] = {}  # folder name -> trial hash
-
-    def dirname(tune_trial) -> str:
-        trial = trial_from_config(tune_trial.config)
-        name = trial.run_name()
-        if taken.setdefault(name, trial.trial_hash) != trial.trial_hash:
-            name = f"{name}-{trial.trial_hash[:12]}"
-        return name.replace(os.sep, "_")
-
-    return dirname

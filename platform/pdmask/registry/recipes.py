@@ -37,7 +37,7 @@ from pdmask.errors import Problem, RecipeError
 from pdmask.registry.math_names import DIRECTION_NAMES, PROXIMITY_NAMES
 
 if TYPE_CHECKING:  # the math API (and torch) load only when a method runs
-    from pdmask.registry.recipe_files import RecipeSource
+    from pdmask.registry.recipe_source import RecipeSource
     from pdmask.trust_region import Method, RecipeBatch
 
 # What a backend may have to supply for a recipe to train (see ``Recipe.needs``).
@@ -101,12 +101,6 @@ VERL_OWN_LOSSES = frozenset(
         "bypass_mode",
     }
 )
-
-# Recipe fields that change how a method is drawn or described, never what it trains: excluded
-# from the hash of a recipe's source (``recipe_files.normalised_source``).
-COSMETIC_FIELDS = frozenset({"display_name", "color", "summary", "launch"})
-# ``Param(...)`` arguments that only describe a parameter (never part of a trial's identity).
-COSMETIC_PARAM_FIELDS = frozenset({"description"})
 
 MaskFn = Callable[..., Any]
 """A recipe's own mask: ``fn(batch: RecipeBatch) -> bool [B, T]`` (True = gradient zeroed)."""

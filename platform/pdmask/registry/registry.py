@@ -69,6 +69,12 @@ class Registry:
         return [p for p in self.sweep_problems if Path(p.file).stem == name]
 
     def sweep(self, name: str) -> Sweep:
+        """The sweep named ``name`` (``sweeps/<name>.yaml``).
+
+        Raises:
+            ValidationFailed: no such sweep (the closest names given), or its file is broken
+                (its problems, and the recipes').
+        """
         if name not in self.sweeps:
             if name in self.broken_sweeps:
                 raise ValidationFailed([*self.recipe_problems, *self._file_problems(name)])
@@ -118,10 +124,13 @@ class Registry:
         max_trials: int | None = None,
     ) -> list[Trial]:
         """Every trial of a grid sweep (for a search sweep: one trial at the space's midpoint,
-        which validates the base). Raises ValidationFailed listing every problem at once: the
-        file's own (schema, duplicate keys) and those its grid shows. A grid of more than
-        ``max_trials`` (else the sweep's ``max_trials``, else DEFAULT_MAX_TRIALS) trials is
-        refused before it is expanded."""
+        which validates the base). A grid of more than ``max_trials`` (else the sweep's
+        ``max_trials``, else DEFAULT_MAX_TRIALS) trials is refused before it is expanded.
+
+        Raises:
+            ValidationFailed: every problem at once: the file's own (schema, duplicate keys),
+                its recipes', and those its grid shows.
+        """
         if name in self.broken_sweeps:
             sweep, src = self.broken_sweeps[name]
             if sweep is None or src is None:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from pdmask.registry.catalog import PRECISIONS, PrecisionName
-from pdmask.registry.recipe_files import RecipeSource
+from pdmask.registry.recipe_source import RecipeSource
 from pdmask.registry.sim_knobs import knob_tag, knobs_label
 
 if TYPE_CHECKING:

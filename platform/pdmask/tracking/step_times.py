@@ -74,5 +74,5 @@ class StepTimes:
 
 
 def resources_tag(nodes: int, gpus_per_node: int, gpu_kind: str) -> str:
-    """The ``pdm.verl.resources`` tag of a job on these resources."""
+    """The ``pdm.verl.resources`` tag of a job on these resources (the job loop writes it)."""
     return f"{nodes}x{gpus_per_node} {gpu_kind}"

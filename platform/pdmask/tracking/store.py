@@ -160,11 +160,12 @@ _CLIENTS: dict[str, object] = {}
 
 def open_client(uri: str | None = None, *, integrity: bool = True):
     """An ``MlflowClient`` on a store that was checked to be readable and compatible.
+    ``integrity``: run sqlite's page-level check (once per process and store; a trial's worker
+    skips it, the sweep checked the store before it started).
 
-    Raises TrackingError (exit 2) with the reason: an unreadable, empty or corrupt file, not an
-    MLflow database, a schema from another MLflow version, an unreachable server. ``integrity``:
-    run sqlite's page-level check (once per process and store; a trial's worker skips it, the
-    sweep checked the store before it started).
+    Raises:
+        TrackingError: the reason (exit 2): an unreadable, empty or corrupt file, not an MLflow
+            database, a schema from another MLflow version, an unreachable server.
     """
     import mlflow
     from mlflow.tracking import MlflowClient

@@ -35,7 +35,7 @@ import warnings
 
 import torch
 
-from .logits_pass import first_slots, sparse_entries, upstream
+from .pass_terms import first_slots, sparse_entries, upstream
 
 # The first vocabulary size the compiled kernels serve on CPU: a real LLM's (Qwen3 151,936,
 # Llama 3 128,256, GPT-2 50,257). Below it compiling (seconds per process) costs more than the

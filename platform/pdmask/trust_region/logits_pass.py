@@ -35,6 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .pass_terms import compute_dtype, first_slots, upstream
+
 # Elements of the float32 chunk buffer, by device type. Every chunk costs a fixed number of
 # kernels (about ten in the forward, four in the backward), whatever its size:
 # - CPU: a chunk's two float32 buffers (the logits' copy and log pi) must stay in a core's L2
@@ -50,11 +52,6 @@ import torch
 CHUNK_ELEMENTS = {"cpu": 2**18, "cuda": 2**26}
 # The logits dtypes the fused kernels take (computed in float32, like this pass).
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64; everything else is computed in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def rows_per_chunk(
@@ -227,44 +224,6 @@ def _chunks_with(values: torch.Tensor | None, n: int, rows: int) -> list[bool]:
     return live.view(n_chunks, rows).any(-1).tolist()
 
 
-def upstream(grad_logp, grad_support, grad_tail, grad_entropy, tail_mass, ent, lse, like):
-    """The outputs' upstream gradients in the compute dtype of ``like`` (a float tensor of the
-    rows: ``g_y`` zeros when None, the others None when None) and the dense coefficient ``c`` per
-    row: every output's ``-g pi_j`` part (see the module docstring), with the entropy's
-    ``-g_H pi_j (log pi_j + H) = pi_j g_H (lse - H) - g_H pi_j z_j``."""
-    n, cdt = like.shape[0], compute_dtype(like.dtype)
-    g_y = torch.zeros(n, dtype=cdt, device=like.device) if grad_logp is None else grad_logp.to(cdt)
-    g_s, g_t, g_h = (
-        None if g is None else g.to(cdt) for g in (grad_support, grad_tail, grad_entropy)
-    )
-    coef = -g_y
-    if g_s is not None:
-        coef = coef - g_s.sum(-1)
-    if g_t is not None:
-        coef = coef + g_t * (1 - tail_mass)
-    if g_h is not None:
-        coef = coef + g_h * (lse - ent)
-    return g_y, g_s, g_t, g_h, coef
-
-
-def sparse_entries(at, support_ids, sampled, p_at, z_at, coef, g_y, g_s, g_t, g_h):
-    """The gradient's exact value (compute dtype) at the ids ``at`` [n, P] (the support ids and
-    the sampled one), from pi and z there, for a backward that writes the dense term straight
-    into the gradient's dtype (the fused kernels'): the dense term ``pi_j (c - g_H z_j)``, ``g_y`` at the
-    sampled id, the tail's ``-g_T pi_j`` where ``j`` is in the support, and every support slot's
-    ``g_s`` holding ``j``. Equal ids get equal values, so a scatter over duplicates is exact."""
-    dense = coef[:, None] if g_h is None else coef[:, None] - g_h[:, None] * z_at
-    # 0 where pi is 0 (an id at -inf: g_H z_j is infinite there)
-    value = torch.where(p_at > 0, p_at * dense, 0.0) + (at == sampled[:, None]) * g_y[:, None]
-    if g_t is not None or g_s is not None:
-        same = at[:, :, None] == support_ids[:, None, :]  # [n, P, M]: slot m holds id at[p]
-        if g_t is not None:
-            value = value - same.any(-1) * g_t[:, None] * p_at
-        if g_s is not None:
-            value = value + (same * g_s[:, None, :]).sum(-1)
-    return value
-
-
 def _fused_forward(ctx, kernels, logits, sampled, support_ids, second_order, entropy, support_grad):
     """The forward by ``kernels`` (``triton_pass`` or ``compiled_pass``), or None where the
     compiled CPU kernels could not be built."""
@@ -320,14 +279,6 @@ def _tail_p_log_p(logits: torch.Tensor, support_ids: torch.Tensor, cdt) -> torch
     logp = torch.log_softmax(logits.to(cdt), -1)
     terms = torch.where(logp > float("-inf"), logp.exp() * logp, 0.0)
     return terms.scatter_(1, support_ids, 0.0).sum(-1)
-
-
-def first_slots(support_ids: torch.Tensor) -> torch.Tensor:
-    """``[N, M]`` bool: each slot that holds its id for the first time in its row (a duplicate
-    slot repeats an id already counted)."""
-    m = support_ids.shape[1]
-    earlier = torch.ones(m, m, dtype=torch.bool, device=support_ids.device).tril(-1)
-    return ~((support_ids[:, :, None] == support_ids[:, None, :]) & earlier).any(-1)
 
 
 def _support_p_log_p(logp_support: torch.Tensor, support_ids: torch.Tensor) -> torch.Tensor:

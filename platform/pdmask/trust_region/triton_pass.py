@@ -170,7 +170,7 @@ def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g
     ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, written by one kernel; where the
     support or the tail has a gradient, its sparse terms are added at the support ids in float32
     and each of those entries is written once more (rounded once, like every other entry)."""
-    from .logits_pass import sparse_entries, upstream
+    from .pass_terms import sparse_entries, upstream
 
     n, vocab = logits.shape
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)

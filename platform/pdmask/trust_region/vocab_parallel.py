@@ -44,12 +44,10 @@ import torch.distributed as dist
 from pdmask.trust_region.logits_pass import (
     LogitsPass,
     chunked_logits_pass,
-    compute_dtype,
     fused_kernels,
     rows_per_chunk,
-    sparse_entries,
-    upstream,
 )
+from pdmask.trust_region.pass_terms import compute_dtype, sparse_entries, upstream
 
 # Columns of the packed SUM before the sampled and support logits: S's terms and the four
 # scaled tail and entropy sums (the cube's column is 0 unless second-order statistics are asked).

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pdmask.errors import ConfigError
 from pdmask.registry.backends import SIM
 from pdmask.registry.catalog import MODELS
+from pdmask.registry.common_params import DELTA
 
 if TYPE_CHECKING:
     from pdmask.backends.interface import Reporter
@@ -23,8 +24,9 @@ REFUSED = "cannot run on the embedded backend"
 
 
 def sim_config(trial: Trial) -> SimTrialConfig:
-    """The embedded backend's config for a trial: its model's stand-in, and what the recipe's
-    parameters of the ``delta``, ``topk`` and ``ratio_cap`` roles say (PARAM_ROLES)."""
+    """The embedded backend's config for a trial: its model's stand-in, its delta (the first
+    delta-role parameter's value, ``Trial.delta``), and what the recipe's parameters of the
+    ``topk`` and ``ratio_cap`` roles say (PARAM_ROLES)."""
     from pydantic import ValidationError
 
     try:
@@ -37,9 +39,9 @@ def _config(trial: Trial) -> SimTrialConfig:
     from pdmask.backends.sim.config import SimTrialConfig
 
     recipe = trial.recipe()
-    extra: dict[str, Any] = {}
-    if trial.delta is not None:
-        extra["delta"] = trial.delta
+    # A method without a trust-region radius (GRPO's clip) has its diagnostics measured at the
+    # default of the delta parameter the recipes share.
+    extra: dict[str, Any] = {"delta": DELTA.default if trial.delta is None else trial.delta}
     topk = recipe.role_value("topk", trial.params)
     if topk is not None:
         extra["top_k"] = int(topk)

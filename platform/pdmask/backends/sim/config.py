@@ -52,10 +52,10 @@ class SimTrialConfig(SimKnobs):
     )
     seed: int = Field(description="Trial seed: rollouts, minibatch order and evaluation samples.")
     delta: float = Field(
-        0.15,
         gt=0,
-        description="Trust-region delta used by the logged diagnostics (out-of-region share, "
-        "direction-test disagreement). The mask itself comes from the recipe's mask_fn.",
+        description="Trust-region delta of the logged diagnostics (out-of-region share, "
+        "direction-test disagreement): the trial's (``sim_config``). The mask itself comes from "
+        "the recipe's mask_fn.",
     )
     top_k: int = Field(
         20, ge=0, description="How many behaviour log-probs the trainer sees (vLLM exposes 20)."

@@ -5,12 +5,13 @@ Light to import: verl loads only where a job's config is built or a job runs.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pdmask.registry.backends import VERL
 from pdmask.registry.plan import DEFAULT_VERL_STEPS
 
 if TYPE_CHECKING:
+    from pdmask.backends.interface import JobSpec
     from pdmask.registry import Registry, Sweep, Trial
 
 
@@ -32,7 +33,7 @@ class VerlBackend:
 
     def job_specs(
         self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
-    ) -> list[dict[str, Any]]:
+    ) -> list[JobSpec]:
         from pdmask.backends.verl.jobs import job_specs
 
         return job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=tracking_uri)

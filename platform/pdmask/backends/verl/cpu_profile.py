@@ -10,7 +10,7 @@ before. Three parts:
   temperature 1, evaluation before and after training) at toy sizes.
 
 The logical resources (16 CPUs, 1 GPU per training process) are the Ray head's, which pdmask
-starts for this profile (``orchestration/ray_jobs_local.py``): a job cannot resize the cluster
+starts for this profile (``orchestration/cluster/local_head.py``): a job cannot resize the cluster
 it joins.
 """
 

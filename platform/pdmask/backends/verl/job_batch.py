@@ -12,8 +12,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pdmask.backends.interface import JobResources
 from pdmask.backends.verl.cpu_profile import STORE_DIR_ENV
-from pdmask.backends.verl.jobs import job_spec, on_cpu, prepare_local_inputs, trial_resources
+from pdmask.backends.verl.jobs import (
+    VerlJobSpec,
+    job_spec,
+    on_cpu,
+    prepare_local_inputs,
+    trial_resources,
+)
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import Sweep, Trial
@@ -24,10 +31,13 @@ class VerlJobBatch:
     # head pdm starts for a CPU sweep, and away with it (``cpu_platform.py``).
     scratch_env = STORE_DIR_ENV
 
-    def __init__(self, reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str):
+    def __init__(
+        self, reg, sweep: Sweep | None, trials: list[Trial], *, cluster: str, tracking_uri: str
+    ):
         from pdmask.backends.verl.jobs import require_verl, trial_overrides
 
-        require_verl()
+        if trials:  # their overrides are checked by verl's config classes
+            require_verl()
         self.registry, self.sweep, self.trials = reg, sweep, trials
         self.cluster, self.tracking_uri = cluster, tracking_uri
         self.settings = JobSettings.from_env()  # ConfigError: a site setting is malformed
@@ -41,8 +51,8 @@ class VerlJobBatch:
             except ValidationFailed as err:
                 self.problems.extend(err.problems)
 
-    def resources(self, trial: Trial) -> dict[str, Any]:
-        return trial_resources(trial, self.cluster)
+    def resources(self, trial: Trial) -> JobResources:
+        return JobResources(**trial_resources(trial, self.cluster))
 
     def unshared(self) -> list[Problem]:
         from pdmask.backends.verl.site_inputs import unshared_settings
@@ -58,7 +68,22 @@ class VerlJobBatch:
     def node_inputs(self) -> dict[str, Any]:
         from pdmask.backends.verl.site_inputs import shared_inputs
 
-        return shared_inputs(self.settings, self.cluster, self.trials)
+        # a batch of no trial (`pdm cluster check` alone): every model the profile runs
+        inputs = shared_inputs(self.settings, self.cluster, self.trials or None)
+        if self.trials and self.sweep is not None:
+            # the sweep's peak need; what it wrote under its folder already counts toward it
+            inputs["checkpoint_need_bytes"] = self._checkpoint_need_bytes()
+            inputs["checkpoint_written"] = self.sweep.name
+        return inputs
+
+    def _checkpoint_need_bytes(self) -> int:
+        """The sweep's checkpoint root at its peak (``registry.plan.disk_need``)."""
+        from pdmask.backends.verl.jobs import workload
+        from pdmask.registry.plan import disk_need, plan_rows
+
+        loads = {t.trial_hash: workload(t, self.cluster) for t in self.trials}
+        rows = plan_rows(self.trials, self.cluster, workloads=loads)
+        return int(disk_need(rows, self.cluster).peak_gb * 1e9)
 
     def prepare(self, log: Callable[[str], None]) -> None:
         self._check_data()
@@ -79,7 +104,7 @@ class VerlJobBatch:
                 "nodes find the files"
             )
 
-    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> dict[str, Any]:
+    def spec(self, trial: Trial, *, run_id: str, attempt: int) -> VerlJobSpec:
         return job_spec(
             trial,
             self.sweep,

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pdmask.backends.interface import submission_id
+from pdmask.backends.interface import JobResources, JobSpec, submission_id
 from pdmask.backends.verl.collectives import TIMEOUT_ENV as COLLECTIVE_TIMEOUT_ENV
 from pdmask.backends.verl.jobs_setup import JobSettings, PaperSetup, paper_setup
 from pdmask.backends.verl.loss_names import DEFAULT_TOPK
@@ -445,6 +446,22 @@ def job_env_vars(
     return env
 
 
+@dataclass(frozen=True, kw_only=True)
+class VerlJobSpec(JobSpec):
+    """A VeRL trial's job, with what the dry run shows besides: its run name, verl's overrides
+    (the entrypoint's arguments), its engines' layouts, workload and checkpoint plan, what verl
+    runs for its precision, and its MLflow run."""
+
+    run_name: str
+    overrides: list[str]
+    engine: dict[str, Any]  # the rollout's vLLM layout (``registry.engine_rules``)
+    training: dict[str, Any]  # the actor's engine and its parallel layout (``training_layout``)
+    workload: dict[str, Any]  # what it computes and saves (``registry.cost.Workload``)
+    checkpoints: dict[str, Any]  # save sizes, disk while running and once finished, timeout
+    precision: str
+    mlflow: dict[str, Any]
+
+
 def job_spec(
     trial: Trial,
     sweep: Sweep,
@@ -456,7 +473,7 @@ def job_spec(
     settings: JobSettings | None = None,
     overrides: list[str] | None = None,
     registry=None,
-) -> dict[str, Any]:
+) -> VerlJobSpec:
     """One trial's complete Ray job: entrypoint, runtime env, resources, submission id."""
     settings = settings or JobSettings.from_env()
     file_recipe, problems = file_recipe_of(trial, registry)  # the recipe file is read once
@@ -476,21 +493,21 @@ def job_spec(
         settings=settings,
         file_recipe=file_recipe,
     )
-    return {
-        "trial_hash": trial.trial_hash,
-        "run_name": trial.run_name(),
-        "submission_id": sid,
-        "attempt": attempt,
-        "entrypoint": f"{settings.entrypoint} {shlex.join(overrides)}",
-        "overrides": overrides,
-        "runtime_env": {"env_vars": env},
-        "resources": trial_resources(trial, cluster),
-        "engine": layout(trial, cluster).as_dict(),
-        "training": _training_plan(trial, cluster),
-        "workload": load.model_dump(),
-        "checkpoints": _checkpoint_plan(trial, cluster, load),
-        "precision": precision_description(trial.precision, megatron_layout(trial, cluster)),
-        "mlflow": {
+    return VerlJobSpec(
+        trial_hash=trial.trial_hash,
+        run_name=trial.run_name(),
+        submission_id=sid,
+        attempt=attempt,
+        entrypoint=f"{settings.entrypoint} {shlex.join(overrides)}",
+        overrides=overrides,
+        runtime_env={"env_vars": env},
+        resources=JobResources(**trial_resources(trial, cluster)),
+        engine=layout(trial, cluster).as_dict(),
+        training=_training_plan(trial, cluster),
+        workload=load.model_dump(),
+        checkpoints=_checkpoint_plan(trial, cluster, load),
+        precision=precision_description(trial.precision, megatron_layout(trial, cluster)),
+        mlflow={
             "tracking_uri": tracking_uri,
             "experiment": sweep.name,
             "run": run_id or "pre-created with the trial's tags at submission (MLFLOW_RUN_ID)",
@@ -502,7 +519,7 @@ def job_spec(
                 ),
             },
         },
-    }
+    )
 
 
 def _training_plan(trial: Trial, cluster: str) -> dict[str, Any]:
@@ -535,7 +552,7 @@ def require_verl() -> None:
 
 def job_specs(
     reg, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str | None
-) -> list[dict[str, Any]]:
+) -> list[VerlJobSpec]:
     """Job specs of every trial (attempt 1, no run yet); every problem of every trial at once."""
     require_verl()
     from pdmask.tracking.store import resolve_tracking_uri

@@ -109,7 +109,7 @@ def megatron_packages(cluster: str) -> dict[str, str | None]:
 
 def training_nodes(cluster: str) -> dict[str, Any]:
     """What a node that runs a job's workers (one with Ray's ``GPU`` resource) must have on
-    ``cluster``, as ``pdm cluster check``'s spec takes it (``orchestration/cluster_probe.py``).
+    ``cluster``, as ``pdm cluster check``'s spec takes it (``orchestration/cluster/probe.py``).
 
     ``packages``: name -> version, None where the submitter's own install is the reference (the
     CPU profile: nodes and submitter are one machine); ``gpus`` and ``min_driver``: None on a CPU

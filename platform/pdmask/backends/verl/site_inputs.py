@@ -34,7 +34,8 @@ def shared_inputs(
     folders of the trials' models that are paths), ``hub_models`` (the Hub names the nodes
     download: no model root), ``data_built_here`` (the CPU profile's tiny task, built by pdm before
     submission), ``versions`` (what every node must run), ``training`` (what a node running the
-    jobs' workers must have) and ``checkpoint_need_bytes`` (None: not checked yet).
+    jobs' workers must have); ``checkpoint_need_bytes`` and ``checkpoint_written`` are the job
+    batch's (``VerlJobBatch.node_inputs``: a sweep's need).
     ``trials``: None for every catalog model that runs on ``cluster`` (those pdm builds aside)."""
     files = _data_files(settings, cluster)
     if trials is None:  # every model the profile runs that comes from outside (a trial's
@@ -60,8 +61,7 @@ def shared_inputs(
         "data_built_here": on_cpu(cluster),
         "versions": node_versions(),
         "training": training_nodes(cluster),
-        # The sweep's checkpoint disk need is not computed yet: None leaves the space unchecked.
-        "checkpoint_need_bytes": None,
+        "checkpoint_need_bytes": None,  # no sweep: the space is not checked
     }
 
 

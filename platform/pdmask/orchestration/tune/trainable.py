@@ -28,6 +28,8 @@ from typing import Any
 
 from pdmask.errors import ConfigError, RecipeError, environment_error
 from pdmask.orchestration.trial_logs import captured, header, log_path, upload
+from pdmask.orchestration.tune.search import OBJECTIVE, SEARCH_POINT_TAG
+from pdmask.orchestration.tune.trial_config import trial_from_config
 from pdmask.registry import Trial
 from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
 
@@ -55,29 +57,11 @@ def trial_bounds(env=None) -> Bounds:
     )
 
 
-def trial_from_config(config: dict[str, Any]) -> Trial:
-    """The trial of a Tune config: a planned trial, or a search template plus sampled values."""
-    trial = Trial.model_validate(config["trial"])
-    sampled = config.get("search") or {}
-    if sampled:
-        params = dict(trial.params)
-        update: dict[str, Any] = {}
-        for axis, value in sampled.items():
-            if axis == "delta":
-                update["delta"] = float(value)
-                if "delta" in params:
-                    params["delta"] = float(value)
-            else:
-                params[axis.removeprefix("params.")] = value
-        trial = trial.model_copy(update={**update, "params": params})
-    return trial
-
-
 def run_trial(config: dict[str, Any]) -> None:
     """Tune function trainable."""
     from ray import tune
 
-    from pdmask.orchestration.storage import quiet_storage_logs
+    from pdmask.orchestration.tune.storage import quiet_storage_logs
 
     quiet_storage_logs()  # this worker's checkpoint syncs, like the driver's (storage.py)
 
@@ -97,7 +81,7 @@ def run_trial(config: dict[str, Any]) -> None:
     try:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
-            tags["pdm.search_point"] = json.dumps(config["search"], sort_keys=True)
+            tags[SEARCH_POINT_TAG] = json.dumps(config["search"], sort_keys=True)
         run = TrialRun.start_or_resume(client, config["experiment_id"], trial, tags)
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
@@ -197,7 +181,7 @@ def _train(
     from ray import tune
 
     from pdmask.backends.interface import load_backend
-    from pdmask.orchestration.calibration import STEPS as CALIBRATION_STEPS
+    from pdmask.orchestration.tune.calibration import STEPS as CALIBRATION_STEPS
     from pdmask.orchestration.workdirs import bind_workdir
 
     runtime = load_backend(config.get("backend") or trial.backend)
@@ -221,13 +205,13 @@ def _train(
         if config.get("eval_metric") in latest:
             report["pdm_eval"] = latest[config["eval_metric"]]
         if objective and objective in latest:
-            report["pdm_objective"] = latest[objective]
+            report[OBJECTIVE] = latest[objective]
         tune.report(report)
 
     recipe = trial.recipe()  # the source planned with the sweep, never re-read
     backend = runtime.train
     if calibration:  # benchmarks/bench_sweep.py: known, fixed compute
-        from pdmask.orchestration.calibration import busy_trial
+        from pdmask.orchestration.tune.calibration import busy_trial
 
         backend = partial(busy_trial, seconds=calibration)
     bounds = Bounds(**config["watchdog"]) if config.get("watchdog") else None
@@ -243,7 +227,7 @@ def _train(
     run.finish(summary)
     final = {**base, "pdm_outcome": "finished", "pdm_step": run.last_step}
     if objective and objective in latest:
-        final["pdm_objective"] = latest[objective]
+        final[OBJECTIVE] = latest[objective]
     return final
 
 

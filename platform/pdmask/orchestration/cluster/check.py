@@ -4,7 +4,7 @@ Settings can look right on the submitting machine and still be wrong where the j
 tracking server behind a firewall, a checkpoint root that is a local disk on each node, data
 copied to one node only, a half-downloaded model, another pdmask commit on the image, a driver
 too old for the CUDA the wheels are built for, no flash-attn. The check submits one small Ray job
-(``cluster_probe.py`` and its siblings, shipped as its working directory, so it needs nothing on
+(``probe.py`` and its siblings, shipped as its working directory, so it needs nothing on
 the cluster but Ray) whose driver runs a zero-CPU task pinned to every alive node, and reads the
 per-node results back from the job's log. ``pdm sweep`` to a cluster address runs it before the
 first submission (``--skip-cluster-check`` skips it, explicitly).
@@ -46,7 +46,7 @@ QUIET_LOGGERS = (
 def expected_versions(pins: dict[str, str | None]) -> dict[str, str | None]:
     """Each package's expected version: its pin, else this machine's install (pdmask's with its
     source digest), else None (then the nodes must agree with each other)."""
-    from pdmask.orchestration.cluster_probe import node_version
+    from pdmask.orchestration.cluster.probe import node_version
 
     return {name: want if want is not None else node_version(name) for name, want in pins.items()}
 
@@ -60,7 +60,8 @@ def submitter_versions() -> dict[str, str | None]:
 class CheckSpec:
     """What every node checks; paths as the nodes see them.
 
-    ``checkpoint_need_bytes``: what the sweep writes to the checkpoint share (None: not checked);
+    ``checkpoint_need_bytes``: what the sweep writes to the checkpoint share at its peak (None:
+    not checked), ``checkpoint_written``: its folder under the root (what is there counts);
     ``hub_models``: the Hub ids the jobs download (no model root); ``hub_endpoint``: None for
     each node's own ``HF_ENDPOINT`` or the Hub; ``versions``: expected on every node;
     ``training``: what a node with the training resource must have (``backends/verl/
@@ -73,6 +74,7 @@ class CheckSpec:
     model_paths: tuple[str, ...] = ()
     versions: dict[str, str | None] = field(default_factory=submitter_versions)
     checkpoint_need_bytes: int | None = None
+    checkpoint_written: str | None = None
     hub_models: tuple[str, ...] = ()
     hub_endpoint: str | None = None
     training: dict[str, Any] | None = None
@@ -92,6 +94,7 @@ class CheckSpec:
             "model_paths": tuple(inputs["model_paths"]),
             "versions": expected_versions({"pdmask": None, **inputs.get("versions", {})}),
             "checkpoint_need_bytes": inputs.get("checkpoint_need_bytes"),
+            "checkpoint_written": inputs.get("checkpoint_written"),
             "hub_models": tuple(inputs.get("hub_models", ())),
             "training": training,
         }
@@ -148,8 +151,8 @@ def run_check(address: str, spec: CheckSpec, timeout_s: float = CHECK_TIMEOUT_S)
     results; raises ConfigError when the job itself cannot run (its log's tail says why)."""
     from ray.job_submission import JobSubmissionClient
 
-    from pdmask.orchestration import cluster_probe
-    from pdmask.orchestration.ray_auth import headers_for, scrub
+    from pdmask.orchestration.cluster import probe as cluster_probe
+    from pdmask.orchestration.cluster.auth import headers_for, scrub
 
     for name in QUIET_LOGGERS:  # their INFO lines ("Uploading package ...") are not news here
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -162,7 +165,7 @@ def run_check(address: str, spec: CheckSpec, timeout_s: float = CHECK_TIMEOUT_S)
         try:
             client = JobSubmissionClient(address, headers=headers_for(address))
             sid = client.submit_job(
-                entrypoint="python3 cluster_probe.py",
+                entrypoint="python3 probe.py",
                 submission_id=f"{SUBMISSION_PREFIX}{uuid.uuid4().hex[:12]}",
                 runtime_env={"working_dir": str(folder)},
                 metadata={"pdm.purpose": "pdm cluster check"},
@@ -232,7 +235,7 @@ def _forget(client, sid: str, tries: int = 20) -> None:
 def render(report: ClusterReport, console) -> None:
     """The per-node table, then one line per failed check naming node and check."""
     from pdmask.console import PIPED_WIDTH, table
-    from pdmask.orchestration.cluster_probe import CHECKS
+    from pdmask.orchestration.cluster.probe import CHECKS
     from pdmask.tracking.store import redact
 
     rows = [

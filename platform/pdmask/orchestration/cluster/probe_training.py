@@ -2,7 +2,7 @@
 node: one with the spec's Ray resource, ``GPU``): its NVIDIA driver, its GPUs, the attention the
 jobs ask for, and an all-reduce across all such nodes.
 
-Shipped next to ``cluster_probe.py`` in the check job's working directory and imported there, so
+Shipped next to ``probe.py`` in the check job's working directory and imported there, so
 it holds to the same rule: the standard library and Ray only at import time. torch is imported
 inside the probes that need it, and an import failure is the finding, not a crash. Each probe's
 decision is a pure function of what it read (``parse_gpus``, ``driver_verdict``, ``gpus_verdict``)
@@ -18,9 +18,9 @@ import subprocess
 from datetime import timedelta
 
 try:  # in the check job: shipped beside this file
-    from cluster_probe_inputs import result
+    from probe_inputs import result
 except ImportError:  # imported from the package
-    from pdmask.orchestration.cluster_probe_inputs import result
+    from pdmask.orchestration.cluster.probe_inputs import result
 
 NVIDIA_SMI = (
     "nvidia-smi",

@@ -67,7 +67,7 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=False)
         return False
-    from pdmask.orchestration.reaper import reap_own, start_reaper
+    from pdmask.orchestration.cluster.reaper import reap_own, start_reaper
 
     token = start_reaper()
     global _OWN_TOKEN
@@ -101,7 +101,7 @@ _OWN_TOKEN: str | None = None  # the embedded instance this process started (rea
 def reap_embedded(grace: float = 2.0) -> None:
     """Kill what is left of the embedded instance this process started: after its raylet died,
     its trials' processes live on, orphaned, and would keep writing to their runs."""
-    from pdmask.orchestration.reaper import reap_own
+    from pdmask.orchestration.cluster.reaper import reap_own
 
     if _OWN_TOKEN is not None:
         reap_own(_OWN_TOKEN, grace=grace)

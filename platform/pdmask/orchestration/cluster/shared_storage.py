@@ -8,7 +8,7 @@ node itself) is refused here. The paths a backend's jobs read and write (checkpo
 models) are the backend's to judge (``JobBatch.unshared``; VeRL: ``backends/verl/site_inputs``).
 Both are refused (exit 2, every problem at once, each naming its setting and the fix) for any
 address that is not a head pdm started on this machine; ``pdm cluster check`` then proves the rest
-from every node (``cluster_check.py``). Pure functions of the settings: nothing is contacted.
+from every node (``check.py``). Pure functions of the settings: nothing is contacted.
 """
 
 from __future__ import annotations

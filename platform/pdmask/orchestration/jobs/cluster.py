@@ -11,9 +11,8 @@ import json
 import re
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
 
-from pdmask.backends.interface import parse_submission_id
+from pdmask.backends.interface import JobSpec, parse_submission_id
 from pdmask.errors import ConfigError
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})
@@ -101,7 +100,7 @@ class JobCluster:
     def __init__(self, address: str):
         from ray.job_submission import JobSubmissionClient
 
-        from pdmask.orchestration.ray_auth import headers_for, scrub
+        from pdmask.orchestration.cluster.auth import headers_for, scrub
 
         self.headers = headers_for(address)  # the token, when the job API asks for one
         try:
@@ -123,13 +122,13 @@ class JobCluster:
                 out.setdefault(parsed[1], {})[parsed[2]] = JobView.of(info)
         return out
 
-    def submit(self, spec: dict[str, Any], metadata: dict[str, str]) -> bool:
+    def submit(self, spec: JobSpec, metadata: dict[str, str]) -> bool:
         """Submit a job spec; True when its id already existed (someone submitted it: attach)."""
         try:
             self.client.submit_job(
-                entrypoint=spec["entrypoint"],
-                submission_id=spec["submission_id"],
-                runtime_env=spec["runtime_env"],
+                entrypoint=spec.entrypoint,
+                submission_id=spec.submission_id,
+                runtime_env=spec.runtime_env,
                 metadata=metadata,
             )
         except RuntimeError as err:

@@ -2,7 +2,7 @@
 their own processes, seen from one node: the tracking server, the checkpoint share (writable,
 shared, with room), the data files, the model folders (complete) or the Hugging Face Hub.
 
-Shipped next to ``cluster_probe.py`` in the check job's working directory; the standard library
+Shipped next to ``probe.py`` in the check job's working directory; the standard library
 only. Every probe returns ``result``: ``ok``, ``detail`` and, when it fails, the ``fix``.
 """
 
@@ -123,9 +123,11 @@ def _size(n: float) -> str:
     return f"{n:,.1f} TB"
 
 
-def check_space(root: str | None, need_bytes: int | None) -> dict:
+def check_space(root: str | None, need_bytes: int | None, written: str | None = None) -> dict:
     """Free space on the checkpoint share against what the plan says the sweep will write there
-    (the root's nearest existing folder counts: the jobs create the root)."""
+    (the root's nearest existing folder counts: the jobs create the root). ``written``: the
+    sweep's folder under the root, whose files are part of the need already on the share (a
+    resumed sweep's saves)."""
     if need_bytes is None:
         return result(True, "not checked (the plan gives no checkpoint size)")
     if not root:
@@ -139,8 +141,12 @@ def check_space(root: str | None, need_bytes: int | None) -> dict:
         return result(
             False, f"cannot read the free space of {root}: {err.strerror or err}", SHARE_FIX
         )
+    already = _bytes_under(os.path.join(root, written)) if written else 0
+    left = max(need_bytes - already, 0)
     shown = f"{_size(free)} free under {root}, the plan writes {_size(need_bytes)}"
-    if free < need_bytes:
+    if already:
+        shown += f" ({_size(already)} of it written already)"
+    if free < left:
         return result(
             False,
             shown,
@@ -148,6 +154,16 @@ def check_space(root: str | None, need_bytes: int | None) -> dict:
             "in PDM_VERL_OVERRIDES)",
         )
     return result(True, shown)
+
+
+def _bytes_under(folder: str) -> int:
+    """The size of every file below ``folder`` (0 when it does not exist)."""
+    total = 0
+    for top, _, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):  # removed meanwhile (pdm clean, a rotation)
+                total += os.lstat(os.path.join(top, name)).st_size
+    return total
 
 
 def check_files(paths: list[str]) -> dict:

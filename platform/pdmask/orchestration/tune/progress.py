@@ -129,7 +129,7 @@ class SweepProgress(Callback):
 
     def _name_from_config(self, row: Row, config: dict | None) -> None:
         """The trial's hash and run name, from its Tune config (a search's sampled point too)."""
-        from pdmask.orchestration.trainable import trial_from_config
+        from pdmask.orchestration.tune.trial_config import trial_from_config
 
         try:
             trial = trial_from_config(config)

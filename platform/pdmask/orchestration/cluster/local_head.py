@@ -30,7 +30,7 @@ from pathlib import Path
 
 from pdmask.errors import ConfigError
 from pdmask.loopback import LOOPBACK, free_ports
-from pdmask.orchestration.local_ray import LOOPBACK_ENV, RAY_ENV
+from pdmask.orchestration.cluster.local_ray import LOOPBACK_ENV, RAY_ENV
 from pdmask.process_group import signal_when_parent_dies
 
 LOGICAL_CPUS = 16  # verl's transfer queue and agent loops hold one logical CPU per actor

@@ -2,7 +2,7 @@
 
 An open Ray job API is remote code execution for anyone who reaches its port, so a cluster
 address whose job API answers without authentication is refused (exit 2) unless the user says
-``--insecure``. A loopback head that pdm started itself (``ray_jobs_local``) is never checked here:
+``--insecure``. A loopback head that pdm started itself (``local_head``) is never checked here:
 it is not given as an address.
 
 The token is found where Ray's own client looks, plus one pdm setting, in this order:

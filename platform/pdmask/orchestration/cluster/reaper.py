@@ -16,7 +16,7 @@ instance's processes, found two ways so that neither blind spot hides one:
 
 A recorded process is identified by its pid and its start time, so a reused pid is never killed.
 
-    python -m pdmask.orchestration.reaper TOKEN DRIVER_PID   # stdin: the pipe; started for you
+    python -m pdmask.orchestration.cluster.reaper TOKEN DRIVER_PID   # stdin: the pipe; started for you
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def start_reaper() -> str:
     read_end, write_end = os.pipe()  # both close-on-exec: Ray's processes never hold them
     env = {k: v for k, v in os.environ.items() if k != OWNER_ENV}
     reaper = subprocess.Popen(
-        [sys.executable, "-m", "pdmask.orchestration.reaper", token, str(os.getpid())],
+        [sys.executable, "-m", "pdmask.orchestration.cluster.reaper", token, str(os.getpid())],
         stdin=read_end,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

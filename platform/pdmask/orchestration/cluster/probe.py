@@ -5,7 +5,7 @@ itself a Ray job: this file, its two siblings (``FILES``) and a spec (``SPEC_FIL
 job's working directory, its driver starts one zero-CPU task pinned to each alive node
 (``NodeAffinitySchedulingStrategy``, not soft: a node that cannot run it is reported, never
 replaced by another), and prints one line, ``MARK`` + JSON, which the submitter reads from the
-job's log (``cluster_check.py``).
+job's log (``check.py``).
 
 It imports nothing but the standard library and Ray (torch only inside the probes that need it):
 a node without pdmask, or with another one, is a finding of the check, not a crash of it. Each
@@ -13,14 +13,14 @@ node checks, as the trials' processes there would see things (``CHECKS``, one fu
 failure carries its ``fix``):
 
 - ``tracking``, ``checkpoints``, ``space``, ``data``, ``models``, ``hub``: what the jobs read and
-  write outside their processes (``cluster_probe_inputs.py``); ``checkpoints`` takes two more
+  write outside their processes (``probe_inputs.py``); ``checkpoints`` takes two more
   rounds: the files every other node wrote are seen from each node (shared, not merely
   writable), then each node deletes its own;
 - ``versions``: pdmask (its version and a digest of its source files, so that another commit or
   local edits are seen), verl, and on training nodes vLLM, torch and flash-attn, against the
   expected versions; a package with no expected version must be the same on every node;
 - ``driver``, ``gpus``, ``attention``, ``allreduce``: on the nodes where the jobs' workers run
-  (``cluster_probe_training.py``).
+  (``probe_training.py``).
 """
 
 from __future__ import annotations
@@ -34,16 +34,16 @@ import uuid
 from importlib import metadata
 
 try:  # in the check job: shipped beside this file, never the node's own (perhaps stale) pdmask
-    import cluster_probe_inputs as inputs
-    import cluster_probe_training as training
+    import probe_inputs as inputs
+    import probe_training as training
 except ImportError:  # imported from the package: the submitter, the tests
-    from pdmask.orchestration import cluster_probe_inputs as inputs
-    from pdmask.orchestration import cluster_probe_training as training
+    from pdmask.orchestration.cluster import probe_inputs as inputs
+    from pdmask.orchestration.cluster import probe_training as training
 
 MARK = "PDM-CLUSTER-CHECK "
 SPEC_FILE = "pdm_cluster_check.json"
 # the check job's working directory
-FILES = ("cluster_probe.py", "cluster_probe_inputs.py", "cluster_probe_training.py")
+FILES = ("probe.py", "probe_inputs.py", "probe_training.py")
 CHECKS = (
     "tracking",
     "checkpoints",
@@ -162,7 +162,9 @@ def probe_node(spec: dict, node_id: str, ray_gpus: float, trains: bool) -> dict:
         "python": sys.executable,
         "tracking": inputs.check_tracking(spec["tracking_uri"]),
         "checkpoints": inputs.write_probe(root, spec["folder"], node_id),
-        "space": inputs.check_space(root, spec.get("checkpoint_need_bytes")),
+        "space": inputs.check_space(
+            root, spec.get("checkpoint_need_bytes"), spec.get("checkpoint_written")
+        ),
         "data": inputs.check_files(spec["data_files"]),
         "models": inputs.check_models(spec["model_root"], spec["model_paths"]),
         "hub": inputs.check_hub(spec.get("hub_models", []), spec.get("hub_endpoint")),

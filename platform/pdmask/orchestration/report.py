@@ -1,0 +1,54 @@
+"""The end of a sweep as printed, from its outcome alone: what the command and a library call show.
+
+Counts and wall time; each setting's final headline metric, mean ± sd over its seeds; one line
+per failed trial with its reason and where its log is; a search's best trial; where the runs and
+the logs are.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.markup import escape
+
+from pdmask.console import table
+from pdmask.orchestration.progress_view import duration, headline_label
+from pdmask.orchestration.session import SweepOutcome
+from pdmask.orchestration.summary import format_mean_sd
+from pdmask.orchestration.trial_logs import logs_folder
+from pdmask.registry import Sweep
+from pdmask.tracking.store import redact
+
+
+def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> None:
+    """Counts and wall time; each setting's final headline metric, mean ± sd over its seeds;
+    one line per failed trial with its reason; the best trial of a search."""
+    rows = [
+        ["finished now", out.finished],
+        ["already finished (skipped)", out.skipped],
+        ["failed", out.failed],
+        ["configuration refused (fix it; never retried)", out.config_errors],
+        ["recipe error (fix the recipe file; never retried)", out.recipe_errors],
+        ["interrupted (resume: run again)", out.interrupted],
+        ["running in another invocation", out.elsewhere],
+        ["running on as Ray jobs (detached: the same command attaches)", out.detached],
+    ]
+    wall = "" if out.wall_s is None else f", wall time {duration(out.wall_s)}"
+    console.print(table(f"sweep {sweep.name}: summary{wall}", ["", "trials"], rows))
+    if out.results:
+        body = [[r["setting"], r["n"], format_mean_sd(r["mean"], r["sd"])] for r in out.results]
+        label = headline_label(out.headline)
+        title = f"final {label} per setting, mean ± sd over seeds"
+        console.print(table(title, ["setting", "n", "mean ± sd"], body))
+        console.print(f"{label}: the mean of {', '.join(out.headline)} at the last step")
+    for f in out.failures:
+        console.print(
+            f"[red]failed[/red] {escape(f['name'])}: {escape(f['reason'])} "
+            f"(its log: `pdm logs {escape(f['name'])}`)"
+        )
+    if out.best:
+        console.print(
+            f"best trial: {out.best['run_name']} ({sweep.search.metric} = {out.best['value']:.4f}, "
+            f"delta = {out.best['delta']}, run {out.best['run_id']})"
+        )
+    console.print(f"runs: {redact(uri)} (experiment {sweep.name}); inspect with `pdm ui`")
+    console.print(f"trial logs: {logs_folder(sweep.name)} (`pdm logs RUN` prints one)")

@@ -1,0 +1,1 @@
+"""``Launch.TUNE``: the trials trained by Ray Tune, one CPU each, on an embedded Ray or a cluster."""
