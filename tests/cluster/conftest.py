@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from pdmask.loopback import free_ports
-from pdmask.orchestration.cluster.local_ray import LOOPBACK_ENV
 from pdmask.orchestration.cluster.local_head import PORT_FLAGS, tree_of
+from pdmask.orchestration.cluster.local_ray import LOOPBACK_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAD_GPUS = 16  # two 8-GPU trials of the h20x32 profile at once

@@ -14,7 +14,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pdmask.backends.verl.site_inputs import CHECKPOINTS, DATA, MODELS, unshared_settings
-from pdmask.orchestration.cluster.check import ClusterReport, NodeReport
 from pdmask.orchestration.cluster.auth import (
     TokenUnreadable,
     auth_problems,
@@ -22,7 +21,12 @@ from pdmask.orchestration.cluster.auth import (
     scrub,
     token_source,
 )
-from pdmask.orchestration.cluster.shared_storage import TRACKING, tracking_problems, tracking_uri_problem
+from pdmask.orchestration.cluster.check import ClusterReport, NodeReport
+from pdmask.orchestration.cluster.shared_storage import (
+    TRACKING,
+    tracking_problems,
+    tracking_uri_problem,
+)
 
 
 def storage_problems(uri: str, **paths) -> list:

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pdmask.loopback import LOOPBACK, free_port, free_ports
-from pdmask.orchestration.cluster.local_ray import LOOPBACK_ENV
 from pdmask.orchestration.cluster.local_head import NODE_PORT_FLAGS, PORT_FLAGS, tree_of
+from pdmask.orchestration.cluster.local_ray import LOOPBACK_ENV
 from tests.cluster.conftest import stop_by_pid
 
 BIN = Path(sys.executable).parent
