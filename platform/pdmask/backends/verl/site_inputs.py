@@ -30,7 +30,7 @@ def shared_inputs(
     tiny task, built by pdm before submission)."""
     files = _data_files(settings, cluster)
     models = {p for t in trials if Path(p := _model_path(t, settings)).is_absolute()}
-    if on_cpu(cluster):  # every CPU trial trains the tiny model pdm builds with its task
+    if on_cpu(cluster) and not trials:  # no sweep: the tiny model pdm builds for CPU profiles
         from pdmask.backends.verl.tiny_model import built_files
 
         models.add(str(built_files()["model"]))
