@@ -64,6 +64,7 @@ def model_cache(tmp_path_factory) -> Path:
 LONGEST_FIRST = (
     "verl_cpu/test_verl_sweep.py",
     "verl_cpu/test_verl_cluster.py",
+    "verl_cpu/test_verl_shape.py",
     "orchestration/test_signals.py",
     "orchestration/test_sweep_runs.py",
     "verl_cpu/test_weight_sync.py",

@@ -6,8 +6,8 @@ skip, unless ``PDM_REQUIRE_VERL_CPU=1`` (CI) turns a missing install into a fail
 marked ``verl_e2e`` and ``slow`` (minutes, not seconds): ``pytest -m 'not verl_e2e'`` leaves them
 out.
 
-The tiny model and its task are built once per test run (``tiny_model.ensure_built``) into the
-run's model cache (``PDM_MODEL_CACHE``, tests/conftest.py), where the job builder of every
+The tiny models and their task are built once per test run (``tiny_model.ensure_built``) into
+the run's model cache (``PDM_MODEL_CACHE``, tests/conftest.py), where the job builder of every
 scratch project finds them by cache key.
 """
 
@@ -24,6 +24,11 @@ import pytest
 from tests.cluster.conftest import RAY_ENV
 
 ROOT = Path(__file__).resolve().parents[2]
+# mu and pi on the first mini-batch, rollout source: bf16 vLLM vs bf16 FSDP on the same weights,
+# measured top-K KL ~1e-5 per token (verl-cpu notes); bf16 has 8 bits of mantissa (eps 3.9e-3),
+# log-prob errors of a few eps give a KL of O(eps^2 * K) ~ 1e-4 at worst; a wrong alignment or
+# temperature gives KL ~ 0.1 or more, an engine on other weights (dummy, stale) more still.
+ROLLOUT_KL_BOUND = 1e-3
 
 
 def missing_install() -> str | None:
@@ -54,9 +59,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=reason))
 
 
-@pytest.fixture(scope="session")
-def tiny_cache(tmp_path_factory) -> Path:
-    """The built tiny model + task folder, in the run's model cache (built once per run)."""
+def _built(name: str, tmp_path_factory) -> Path:
+    """A tiny model's cache folder in the run's model cache, built first if absent."""
     reason = missing_install()
     if reason:
         pytest.fail(f"PDM_REQUIRE_VERL_CPU=1 but {reason}")
@@ -64,7 +68,7 @@ def tiny_cache(tmp_path_factory) -> Path:
     env = {**os.environ, "PDM_HOME": str(state), "PDM_PROJECT": str(ROOT)}
     assert env.get("PDM_MODEL_CACHE"), "tests/conftest.py's model cache is not set"
     done = subprocess.run(
-        [sys.executable, "-m", "pdmask.backends.verl.tiny_model"],
+        [sys.executable, "-m", "pdmask.backends.verl.tiny_model", name],
         env=env,
         capture_output=True,
         text=True,
@@ -72,6 +76,18 @@ def tiny_cache(tmp_path_factory) -> Path:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def tiny_cache(tmp_path_factory) -> Path:
+    """The built tiny Qwen3's folder (its ``model``), built once per run."""
+    return _built("qwen3-tiny", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_cache(tmp_path_factory) -> Path:
+    """The built tiny Qwen3-MoE's folder (its ``model``), built once per run."""
+    return _built("qwen3-tiny-moe", tmp_path_factory)
 
 
 def cpu_env(project: Path, **extra: str) -> dict[str, str]:

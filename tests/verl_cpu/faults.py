@@ -6,9 +6,10 @@ Two kinds, one per trial (by method name), as an operator or a failing machine w
 - ``engine``: the job's vLLM engine core process is SIGKILLed (found in the sweep's process tree
   by the title vLLM gives it, ``VLLM::EngineCore``).
 
-The sweep runs one trial at a time (one logical GPU), so the engine core alive when a trial's
-step 1 appears is that trial's. Waits are on events (a logged step, a process appearing), polled
-every second; verl checkpoints each step before logging it, so the retry resumes from step >= 1.
+The sweep runs one trial at a time (``max_concurrent: 1``), so the engine core alive when a
+trial's step 1 appears is that trial's. Waits are on events (a logged step, a process
+appearing), polled every second; verl checkpoints each step before logging it, so the retry
+resumes from step >= 1.
 While the sweep's Ray head lives (it goes with the sweep), the injector also records how each
 faulted attempt ended (Ray's job status and end time) and where its retry resumed (the
 ``Resuming from .../global_step_N`` line verl prints).

@@ -1,4 +1,5 @@
-"""Which TCP sockets a process tree listens on (from /proc: no tools, no privileges beyond ours)."""
+"""Which TCP sockets a process tree listens on, and which processes it had (from /proc: no tools,
+no privileges beyond ours)."""
 
 from __future__ import annotations
 
@@ -58,11 +59,14 @@ def listening(pids) -> dict[int, list[str]]:
 
 
 class ListenWatch:
-    """Samples, every ``period`` seconds, what a process tree listens on; keeps what it saw."""
+    """Samples, every ``period`` seconds, what a process tree listens on and the titles of its
+    processes; keeps what it saw."""
 
     def __init__(self, root_pid: int, period: float = 2.0):
         self.root_pid, self.period = root_pid, period
         self.seen: dict[str, set[str]] = {}  # address -> process names
+        # pid -> every title it had (Ray's workers start as ray::IDLE, then take their actor's)
+        self.titles: dict[int, set[str]] = {}
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -78,11 +82,17 @@ class ListenWatch:
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             pids = tree_of(self.root_pid)
+            for pid in pids:
+                self.titles.setdefault(pid, set()).add(process_title(pid))
             for pid, addresses in listening(pids).items():
                 name = process_name(pid)
                 for address in addresses:
                     self.seen.setdefault(address, set()).add(name)
             self.samples += 1
+
+    def pids_titled(self, prefix: str) -> set[int]:
+        """The processes that had a title starting with ``prefix``."""
+        return {p for p, titles in self.titles.items() if any(t.startswith(prefix) for t in titles)}
 
     def beyond_loopback(self) -> dict[str, set[str]]:
         return {a: names for a, names in self.seen.items() if not is_loopback(a)}
@@ -93,6 +103,20 @@ def process_name(pid: int) -> str:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as fh:
         return fh.read().strip()
     return str(pid)
+
+
+def process_title(pid: int) -> str:
+    """The process's title as ``ps`` shows it (Ray's ``ray::Actor``, vLLM's ``VLLM::Worker_TP0``:
+    the first word of ``/proc/PID/cmdline``, which such titles overwrite), or ``""`` once gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as fh:
+        words = fh.read().split(b"\0")[0].decode(errors="replace").split()
+        return words[0] if words else ""
+    return ""
+
+
+def is_alive_as(pid: int, titles: set[str]) -> bool:
+    """The process lives with one of the titles it was seen with (not a reused pid)."""
+    return process_title(pid) in titles - {""}
 
 
 def listening_now() -> list[str]:

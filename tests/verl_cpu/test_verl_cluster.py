@@ -3,7 +3,8 @@ node of which dies mid-trial and comes back.
 
 Built on this machine (``tests/cluster/two_node.py``): a head with no CPUs and no GPUs, so every
 job's verl actors (TaskRunner, the FSDP worker, vLLM's server and engine) can only run on the
-second node, which joins with the CPUs and the one logical GPU of the ``this-machine`` profile;
+second node, which joins with the CPUs of the ``this-machine`` profile and the one logical GPU
+its one trial needs;
 token authentication on, every server on loopback; a real ``mlflow server`` (sqlite, 127.0.0.1,
 one worker) as the tracking server, reached by the machine's host name (not a loopback name, which
 pdm refuses for a cluster); a checkpoint root every node writes (one disk: every node's).

@@ -30,18 +30,16 @@ from __future__ import annotations
 import json
 import math
 import re
-import shutil
-import subprocess
-import time
 
 import pytest
 
-from tests.cluster.conftest import pdm_cmd, sweep_runs, tracking_client
+from tests.cluster.conftest import sweep_runs, tracking_client
 from tests.registry.test_new_recipe import NEW_RECIPE
 
-from .conftest import ROOT, cpu_env
+from .conftest import ROLLOUT_KL_BOUND
 from .faults import FaultInjector
-from .listening import ListenWatch, listening_now
+from .listening import ListenWatch
+from .sweep_run import assert_loopback_only_and_head_stopped, history, scratch_project, verl_sweep
 
 SWEEP = "verl-smoke"
 CARRIED = "hard-topk-kl"
@@ -57,10 +55,6 @@ ENGINE_FAULT_BOUND_S = 180
 # its engine dying must not hold the suite for the default 10 minutes.
 STALL_S = "300"
 KEYS = ("actor/pdm/kl_topk_mean", "actor/pg_loss", "critic/score/mean")
-# bf16 vLLM vs bf16 FSDP on the same weights: measured top-K KL ~1e-5 per token (verl-cpu notes);
-# bf16 has 8 bits of mantissa (eps 3.9e-3), log-prob errors of a few eps give a KL of
-# O(eps^2 * K) ~ 1e-4 at worst; a wrong alignment or temperature gives KL ~ 0.1 or more.
-ROLLOUT_KL_BOUND = 1e-3
 # recompute: mu is pi_old from the same engine and weights as the first update's forward, so D is
 # 0 up to rounding: float32 log-softmax of the same bf16 logits, possibly micro-batched
 # differently; a few float32 eps (1.2e-7) per log-prob, weighted by mu (sum 1): ~1e-6 per token,
@@ -71,9 +65,7 @@ pytestmark = pytest.mark.timeout(SWEEP_TIMEOUT_S + 300)
 
 
 def _project(tmp_path_factory, tiny_cache):
-    project = tmp_path_factory.mktemp("verl-smoke")
-    for name in ("recipes", "sweeps", "dashboards"):
-        shutil.copytree(ROOT / name, project / name)
+    project = scratch_project(tmp_path_factory, SWEEP)
     (project / "recipes" / "hard_topk_kl.py").write_text(NEW_RECIPE)
     sweep = project / "sweeps" / f"{SWEEP}.yaml"
     text = sweep.read_text()
@@ -98,44 +90,21 @@ def _project(tmp_path_factory, tiny_cache):
 def smoke(tmp_path_factory, tiny_cache):
     """One run of the sweep with its two faults, shared by the tests below (minutes)."""
     project = _project(tmp_path_factory, tiny_cache)
-    log = project / "pdm.log"
-    started = time.time()
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            pdm_cmd("sweep", SWEEP, "--backend", "verl"),
-            env=cpu_env(project, PDM_STALL_SECONDS=STALL_S),
-            cwd=project,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
 
     def address() -> str:
-        match = re.search(r"on (http://127\.0\.0\.1:\d+)", log.read_text())
+        match = re.search(r"on (http://127\.0\.0\.1:\d+)", (project / "pdm.log").read_text())
         assert match, "the sweep has not printed its Ray head's address"
         return match.group(1)
 
-    injector = FaultInjector(proc.pid, tracking_client(project), SWEEP, address, FAULTS)
-    try:
-        with ListenWatch(proc.pid) as watch, injector:
-            proc.wait(timeout=SWEEP_TIMEOUT_S)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(timeout=120)
-    return {
-        "project": project,
-        "rc": proc.returncode,
-        "out": log.read_text(),
-        "seconds": time.time() - started,
-        "watch": watch,
-        "injected": {i.kind: i for i in injector.injected},
-        "injector_errors": injector.errors,
-    }
-
-
-def _history(client, run, key) -> list[tuple[int, float]]:
-    return sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+    with verl_sweep(project, SWEEP, PDM_STALL_SECONDS=STALL_S) as sweep:
+        injector = FaultInjector(sweep.proc.pid, tracking_client(project), SWEEP, address, FAULTS)
+        with ListenWatch(sweep.proc.pid) as watch, injector:
+            sweep.proc.wait(timeout=SWEEP_TIMEOUT_S)
+    return sweep.outcome(
+        watch=watch,
+        injected={i.kind: i for i in injector.injected},
+        injector_errors=injector.errors,
+    )
 
 
 def _runs(smoke) -> dict[tuple[str, str], object]:
@@ -167,29 +136,29 @@ def test_each_trial_trained_something_and_logged_every_step_once(smoke):
     for (method, mu_source), run in _runs(smoke).items():
         name = f"{method}/{mu_source}"
         for key in (*KEYS, "actor/pdm/masked_frac", "actor/grad_norm"):
-            steps = [s for s, _ in _history(client, run, key)]
+            steps = [s for s, _ in history(client, run, key)]
             assert steps == list(range(1, STEPS + 1)), f"{name}: {key} at steps {steps}"
-        val = [s for s, _ in _history(client, run, "val-core/synth/acc/mean_at_2")]
+        val = [s for s, _ in history(client, run, "val-core/synth/acc/mean_at_2")]
         # before training and at the last step; a resumed attempt also validates where it resumes
         assert val[0] == 0 and val[-1] == STEPS and val == sorted(set(val)), f"{name}: {val}"
         if method not in FAULTS:
             assert val == [0, STEPS], f"{name}: validation at {val}"
-        adv_max = [v for _, v in _history(client, run, "critic/advantages/max")]
-        adv_min = [v for _, v in _history(client, run, "critic/advantages/min")]
+        adv_max = [v for _, v in history(client, run, "critic/advantages/max")]
+        adv_min = [v for _, v in history(client, run, "critic/advantages/min")]
         assert any(v > 0 for v in adv_max) and any(v < 0 for v in adv_min), (
             f"{name}: all advantages 0 -- nothing was trained"
         )
         # GRPO's token-mean loss -A r is ~0 at r ~ 1 (advantages sum to 0 per group); its
         # gradient is not: sum_t -A_t grad log pi(y_t) over different responses.
-        assert any(v > 0 for _, v in _history(client, run, "actor/grad_norm")), name
+        assert any(v > 0 for _, v in history(client, run, "actor/grad_norm")), name
         # the policy's entropy in nats, every step (pdmask's hook: bypass mode logs none in verl)
-        entropy = _history(client, run, "actor/entropy")
+        entropy = history(client, run, "actor/entropy")
         assert [s for s, _ in entropy] == list(range(1, STEPS + 1)), f"{name}: {entropy}"
         assert all(0 < v <= math.log(512) for _, v in entropy), f"{name}: {entropy}"
-        missing = [v for _, v in _history(client, run, "actor/pdm/topk_missing_frac")]
+        missing = [v for _, v in history(client, run, "actor/pdm/topk_missing_frac")]
         assert missing == [0.0] * STEPS, f"{name}: tokens without a top-K {missing}"
         if method == NEW_METHOD:  # its loss ran on verl: the recipe's own metric, every step
-            entropy = _history(client, run, "actor/pdm/recipe/masked_entropy")
+            entropy = history(client, run, "actor/pdm/recipe/masked_entropy")
             assert [s for s, _ in entropy] == list(range(1, STEPS + 1)), f"{name}: {entropy}"
             assert all(v >= 0 for _, v in entropy), f"{name}: {entropy}"
 
@@ -199,8 +168,8 @@ def test_mu_and_pi_agree_on_the_first_minibatch(smoke):
     vLLM's bf16 top-K vs the trainer's (rollout), pi_old vs pi before any update (recompute)."""
     client = tracking_client(smoke["project"])
     for (method, mu_source), run in _runs(smoke).items():
-        kl = dict(_history(client, run, "actor/pdm/kl_topk_mean"))[1]
-        masked = dict(_history(client, run, "actor/pdm/masked_frac"))[1]
+        kl = dict(history(client, run, "actor/pdm/kl_topk_mean"))[1]
+        masked = dict(history(client, run, "actor/pdm/masked_frac"))[1]
         if mu_source == "recompute":
             assert abs(kl) < RECOMPUTE_KL_BOUND, f"recompute: D = {kl} on the first mini-batch"
             assert masked == 0.0
@@ -256,10 +225,4 @@ def test_a_dead_vllm_engine_fails_the_attempt_within_the_bound_with_its_error(sm
 
 
 def test_nothing_listened_beyond_loopback_and_nothing_is_left(smoke):
-    watch = smoke["watch"]
-    assert watch.samples > 10 and watch.seen, "the watch saw the sweep's servers"
-    assert watch.beyond_loopback() == {}, watch.beyond_loopback()
-    match = re.search(r"local Ray head on (http://127\.0\.0\.1:\d+)", smoke["out"])
-    assert match and "stopped the local Ray head" in smoke["out"]
-    port = int(match.group(1).rsplit(":", 1)[1])
-    assert not any(a.endswith(f":{port}") for a in listening_now()), "the head's dashboard is gone"
+    assert_loopback_only_and_head_stopped(smoke["watch"], smoke["out"])

@@ -1,12 +1,15 @@
 """One weight-sync round trip through a vLLM CPU engine, with vLLM's GEMM dispatch forced to a path.
 
-``python weight_sync_probe.py MODEL_DIR OUT.json PATH`` (PATH: ``auto``, ``torch``, ``onednn``,
-``sgl-packed``, ``zentorch``), in its own process (vLLM pins threads and keeps engine state for
+``python weight_sync_probe.py MODEL_DIR OUT.json PATH [DTYPE [TP]]`` (PATH: ``auto``, ``torch``,
+``onednn``, ``sgl-packed``, ``zentorch``; DTYPE ``bfloat16`` by default; TP the engine's tensor
+parallel size, 1 by default), in its own process (vLLM pins threads and keeps engine state for
 the life of a process). What runs is what a VeRL job runs, minus Ray: vLLM's engine with verl's
 worker extension as pdmask's vLLM server configures it (``vllm_worker.WORKER_EXTENSION``), verl's
 own receiver (``update_weights_from_ipc``, shared memory, as on pdmask's CPU platform) fed by
-verl's own ``BucketedWeightSender`` from another thread, as the trainer feeds it. Records, for a
-fixed batch of prompts, vLLM's top-20 log-probs of the next token:
+verl's own ``BucketedWeightSender`` from one thread per tensor-parallel rank, as each trainer rank
+feeds its rank of the engine, MoE experts unfused as verl's FSDP engine streams them
+(``unfuse_moe_params``). Records, for a fixed batch of prompts, vLLM's top-20 log-probs of the
+next token:
 
 - ``before``: the engine on the model's own weights (``old``);
 - ``synced``: after syncing ``new`` weights (``old`` plus noise), as the trainer would;
@@ -24,7 +27,9 @@ needs AMX tiles and dies with SIGILL elsewhere, zentorch is an AMD add-on no CI 
 vLLM's oneDNN handler may refuse bf16 on an AVX2 CPU) the path's kernels are replaced by a
 *stand-in* with the same contract (``record["kernels"]`` says which): the weight is copied at
 dispatch ("packed") and the GEMM reads only the copy, so vLLM's branch and pdmask's handling of its
-weights run for real, and a sync that left the packed copy stale would show.
+weights run for real, and a sync that left the packed copy stale would show. Forcing a path
+patches this process, so it needs TP 1 (the engine's worker in this process); at TP > 1 vLLM
+spawns its workers, which run ``auto``.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import threading
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: starts in seconds
 os.environ.setdefault("VERL_PLATFORM", "pdmask-cpu")  # verl's device helpers on CPU
-os.environ["VERL_RAY_JOB_ID"] = f"probe{os.getpid()}"  # a private ZMQ socket name
+# A private ZMQ socket name, set once: vLLM's spawned TP workers run this module's top again.
+os.environ.setdefault("VERL_RAY_JOB_ID", f"probe{os.getpid()}")
 
 NOISE = 0.02  # new = old + NOISE * N(0, 1): logits move by O(1) nats, far beyond bf16 rounding
 PROMPTS = [[1, 5 + i, 7 + 2 * i, 9 + i, 3] for i in range(16)]
@@ -144,42 +150,59 @@ def _onednn_stand_in(ops) -> None:
     ops.onednn_mm = lambda handler, x, bias: _linear(x, handler.weight, bias)
 
 
+def _linear_paths(model) -> list[str]:
+    """The GEMM paths of the engine's linear layers (at module level: vLLM pickles it to its
+    workers at TP > 1)."""
+    from pdmask.backends.verl.vllm_cpu_gemm import layer_path
+
+    return sorted(
+        {
+            layer_path(m).value
+            for m in model.modules()
+            if hasattr(m, "cpu_linear")
+            and getattr(m, "weight", None) is not None
+            and m.weight.ndim == 2
+            and type(m).__name__ != "VocabParallelEmbedding"
+        }
+    )
+
+
 def main() -> int:
     model_dir, out_path, path = sys.argv[1], sys.argv[2], sys.argv[3]
+    # bf16 by default: the VeRL jobs' rollout dtype, and the sgl path's only one
+    dtype = sys.argv[4] if len(sys.argv) > 4 else "bfloat16"
+    tp = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    if tp > 1 and path != "auto":
+        raise SystemExit("forcing a GEMM path needs TP 1 (see the docstring)")
+    from pdmask.backends.verl.cpu_profile import CPU_ENV, VLLM_CPU_KV_CACHE_BYTES
+
+    for key, value in CPU_ENV.items():  # as a CPU job's processes get them (TP's thread binding)
+        os.environ.setdefault(key, value)
     kernels = force(path)
     import torch
     from transformers import AutoModelForCausalLM
+    from verl.workers.engine.fsdp.utils import unfuse_moe_params
     from verl.workers.rollout.vllm_rollout.bucketed_weight_transfer import BucketedWeightSender
     from vllm import LLM, SamplingParams
 
     from pdmask.backends.verl import cpu_platform
-    from pdmask.backends.verl.cpu_profile import VLLM_CPU_KV_CACHE_BYTES
-    from pdmask.backends.verl.vllm_cpu_gemm import layer_path
     from pdmask.backends.verl.vllm_worker import WORKER_EXTENSION
 
     cpu_platform.register()
     llm = LLM(
         model=model_dir,
-        dtype="bfloat16",  # the verl-smoke jobs' rollout dtype, and the sgl path's only one
+        dtype=dtype,
         enforce_eager=True,
         kv_cache_memory_bytes=VLLM_CPU_KV_CACHE_BYTES,
         max_model_len=64,
         max_logprobs=TOPK,
         seed=0,
         worker_extension_cls=WORKER_EXTENSION,
+        tensor_parallel_size=tp,
+        # verl's server runs vLLM's multiprocessing executor; at TP 1 the worker stays here
+        distributed_executor_backend="mp" if tp > 1 else None,
     )
-    engine_paths = llm.apply_model(
-        lambda model: sorted(
-            {
-                layer_path(m).value
-                for m in model.modules()
-                if hasattr(m, "cpu_linear")
-                and getattr(m, "weight", None) is not None
-                and m.weight.ndim == 2
-                and type(m).__name__ != "VocabParallelEmbedding"
-            }
-        )
-    )[0]
+    engine_paths = llm.apply_model(_linear_paths)[0]
 
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     old = {n: p.detach().clone() for n, p in hf.named_parameters()}
@@ -198,30 +221,40 @@ def main() -> int:
         return [{str(t): lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
 
     def sync(weights) -> None:
-        sender = BucketedWeightSender(
-            zmq_handle=(
-                f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-rank-0.sock"
-            ),
-            bucket_size_mb=64,
-            use_shm=True,
-        )
         errors: list[BaseException] = []
 
-        def send():
+        def send(rank: int) -> None:
+            sender = BucketedWeightSender(
+                zmq_handle=(
+                    f"ipc:///tmp/rl-colocate-zmq-{os.environ['VERL_RAY_JOB_ID']}-replica-0-"
+                    f"rank-{rank}.sock"
+                ),
+                bucket_size_mb=64,
+                use_shm=True,
+            )
+            stream = unfuse_moe_params(iter(list(weights.items())), hf.config.model_type)
             try:
-                asyncio.run(sender.async_send_weights(iter(list(weights.items()))))
-            except BaseException as err:  # reported below, after the receiver returned
+                asyncio.run(sender.async_send_weights(stream))
+            except BaseException as err:  # reported below, after the receivers returned
                 errors.append(err)
 
-        thread = threading.Thread(target=send, daemon=True)
-        thread.start()
+        threads = [threading.Thread(target=send, args=(r,), daemon=True) for r in range(tp)]
+        for thread in threads:
+            thread.start()
         llm.collective_rpc("update_weights_from_ipc", kwargs={"use_shm": True})
-        thread.join(timeout=60)
+        for thread in threads:
+            thread.join(timeout=60)
         if errors:
             raise errors[0]
         llm.reset_prefix_cache()  # as verl's server does after a sync (clear_kv_cache)
 
-    record = {"path": path, "kernels": kernels, "engine_paths": engine_paths, "old": reference(old)}
+    record = {
+        "path": path,
+        "kernels": kernels,
+        "engine_paths": engine_paths,
+        "model_type": hf.config.model_type,
+        "old": reference(old),
+    }
     record["new"] = reference(new)
     record["before"] = engine_logprobs()
     try:

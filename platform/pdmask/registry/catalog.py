@@ -275,6 +275,21 @@ MODELS: dict[str, ModelSpec] = {
             rollout_tp=1,
             sim_stand_in="tiny-4b",
         ),
+        ModelSpec(
+            name="qwen3-tiny-moe",
+            label="tiny Qwen3-MoE",
+            hub_id="pdmask/qwen3-tiny-moe",
+            built_here=True,
+            logits_width=512,
+            params_total_b=0.00036,
+            params_active_b=0.00026,  # 2 of 4 experts per token
+            # The real shape at toy size: two training processes (FSDP over gloo on CPU) and one
+            # vLLM engine over both at tensor parallel 2 (measured 3.4-4.7 s per step on 2
+            # loaded cores).
+            gpu_needs=_needs((2, 2.0), (2, 2.0), (2, 2.0), CPU=(2, 5.0)),
+            rollout_tp=2,
+            sim_stand_in="tiny-30b-a3b",
+        ),
     ]
 }
 
@@ -337,7 +352,10 @@ CLUSTERS: dict[str, ClusterProfile] = {
         ClusterProfile(
             name="this-machine",
             nodes=1,
-            gpus_per_node=1,
+            # two logical GPUs, one training process each: the smallest multi-rank shape
+            # (qwen3-tiny-moe); a one-GPU trial takes one, so two such trials fit at once unless
+            # the sweep's max_concurrent says otherwise (verl-smoke runs one at a time)
+            gpus_per_node=2,
             gpu_kind="CPU",
             gpu_memory_gb=0,
             device="cpu",

@@ -41,6 +41,10 @@ CPU_ENV = {
     # vLLM's CPU build picks its CPU platform from the `vllm` alias's version (cpu_setup.py);
     # stating it keeps the choice right in every process even without that alias.
     "VLLM_TARGET_DEVICE": "cpu",
+    # vLLM's CPU workers pin their threads, by default one NUMA node per tensor-parallel rank:
+    # a one-node machine refuses TP 2 ("Not enough allowed NUMA nodes to bind threads of 2 local
+    # CPUWorkers"). Unpinned, the OS shares the cores between the ranks and the trainer.
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 
 CPU_OVERRIDES: dict[str, object] = {

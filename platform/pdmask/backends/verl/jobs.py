@@ -184,7 +184,7 @@ def _model_path(trial: Trial, settings: JobSettings) -> str:
     if MODELS[trial.model].built_here:  # built before submission (``prepare_local_inputs``)
         from pdmask.backends.verl.tiny_model import built_files
 
-        return str(built_files()["model"])
+        return str(built_files(trial.model)["model"])
     hub_id = MODELS[trial.model].hub_id
     if settings.model_root:
         return f"{settings.model_root.rstrip('/')}/{hub_id.split('/')[-1]}"
@@ -232,12 +232,14 @@ def eval_metrics(cluster: str) -> list[str]:
 
 
 def prepare_local_inputs(trials: list[Trial], log=print) -> None:
-    """Build what the trials' jobs read that pdmask makes itself (the tiny model and its task),
+    """Build what the trials' jobs read that pdmask makes itself (the tiny models and their task),
     before anything is submitted; nothing for the paper's models and data."""
-    if any(MODELS[t.model].built_here for t in trials):
+    built_here = sorted({t.model for t in trials if MODELS[t.model].built_here})
+    if built_here:
         from pdmask.backends.verl.tiny_model import ensure_built
 
-        ensure_built(log=log)
+        for name in built_here:
+            ensure_built(name, log=log)
 
 
 def _trial_extra(

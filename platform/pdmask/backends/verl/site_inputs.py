@@ -47,7 +47,7 @@ def shared_inputs(
         ]
     places = {_model_path(t, settings) for t in trials}
     models = {p for p in places if Path(p).is_absolute()}
-    if on_cpu(cluster):  # every CPU trial trains the tiny model pdm builds with its task
+    if on_cpu(cluster) and not trials:  # no sweep: the tiny model pdm builds for CPU profiles
         from pdmask.backends.verl.tiny_model import built_files
 
         models.add(str(built_files()["model"]))

@@ -13,6 +13,9 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+# Bump when the problems, the split or the format change: the task's cache folder and every tiny
+# model's cache key (its tokenizer and warm-up read the task) follow it.
+VERSION = 1
 DATA_SOURCE = "synth"  # verl logs val-core/synth/acc/mean@N, the embedded backend's name too
 TRAIN_FILE = "train.parquet"
 VAL_FILE = "val.parquet"

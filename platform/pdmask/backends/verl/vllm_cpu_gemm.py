@@ -1,4 +1,4 @@
-"""vLLM's CPU linear layers, kept loadable so that verl can sync new weights into them every step.
+"""vLLM's CPU linear layers and MoE experts, kept loadable: verl syncs weights into them each step.
 
 On CPU, vLLM 0.31 hands every unquantized linear layer to ``dispatch_cpu_unquantized_gemm``
 (``vllm/model_executor/layers/utils.py``) once its weights are loaded. Which GEMM that picks
@@ -30,6 +30,19 @@ loadable one; nothing at the tiny model's size, 2x the linear weights at real si
 per sync, no change in rollout speed (the same kernels run; ``benchmarks/bench_vllm_cpu.py``
 measures it against the plain torch path).
 
+MoE experts have the same problem in another form. vLLM's CPU fused-MoE kernel
+(``CPUUnquantizedExperts`` in ``fused_moe/experts/cpu_moe.py``) prepacks ``w13_weight`` and
+``w2_weight`` into its grouped-GEMM layout (same shape, other order) when the experts are first
+processed. On a weight update, ``UnquantizedFusedMoEMethod._setup_kernel`` copies the loaded
+weights in place but runs the experts' own ``process_weights_after_loading`` (the prepack) only the
+first time, so after verl's first sync the kernel reads plain per-expert weights as if they were
+packed: measured on a tiny Qwen3-MoE, the synced engine's log-probs were ~29 nats off both the old
+and the new weights, silently. ``repack_moe_experts`` re-runs that prepack after every update:
+verl streams every expert's full ``gate``/``up``/``down`` each sync, so the whole packed tensor
+has been overwritten with plain weights by then (an intermediate width vLLM has to pad, not a
+multiple of 32 per tensor-parallel rank, already fails in vLLM's loader, loudly). Cost: one
+prepack per sync, as at start-up.
+
 Installed in vLLM's worker processes by pdmask's worker extension (``vllm_worker.py``), only where
 vLLM runs on CPU; GPU engines are untouched.
 """
@@ -51,15 +64,23 @@ class GemmPath(StrEnum):
 
 
 def keep_loadable_weights() -> bool:
-    """Make vLLM's CPU linear layers keep their weights (idempotent); False off CPU."""
-    from vllm.model_executor.layers import linear
+    """Make vLLM's CPU linear layers keep their weights and its CPU MoE experts repack synced
+    ones (idempotent); False off CPU."""
     from vllm.platforms import current_platform
 
     if not current_platform.is_cpu():
         return False
+    _keep_linear_weights()
+    repack_moe_experts()
+    return True
+
+
+def _keep_linear_weights() -> None:
+    from vllm.model_executor.layers import linear
+
     method = linear.UnquantizedLinearMethod
     if getattr(method.process_weights_after_loading, _WRAPPED, False):
-        return True
+        return
     original = method.process_weights_after_loading
 
     def process_weights_after_loading(self, layer):
@@ -71,7 +92,30 @@ def keep_loadable_weights() -> bool:
 
     setattr(process_weights_after_loading, _WRAPPED, True)
     method.process_weights_after_loading = process_weights_after_loading
-    return True
+
+
+def repack_moe_experts() -> None:
+    """After a weight update, re-run the CPU experts' prepack that vLLM runs only once."""
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    method = UnquantizedFusedMoEMethod
+    if getattr(method.process_weights_after_loading, _WRAPPED, False):
+        return
+    original = method.process_weights_after_loading
+
+    def process_weights_after_loading(self, layer):
+        # vLLM builds the kernel (and prepacks) on the first call; a later call is an update
+        update = getattr(self, "moe_kernel", None) is not None
+        original(self, layer)
+        experts = getattr(self.moe_kernel, "fused_experts", None)
+        if update and isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(layer)
+
+    setattr(process_weights_after_loading, _WRAPPED, True)
+    method.process_weights_after_loading = process_weights_after_loading
 
 
 def layer_path(layer) -> GemmPath:
