@@ -222,3 +222,18 @@ def test_recipe_parameters_reach_verl_and_bad_ones_are_all_reported(registry):
         (bad_grpo.run_name(), "params.ratio_cap"),
         (no_delta.run_name(), "delta"),
     }
+
+
+def test_the_dry_run_launches_one_canary_per_setting_first(dry_run):
+    plan, _ = dry_run
+    setting = {
+        r["trial_hash"]: (r["method"], r["model"], r["precision"], r["delta"])
+        for r in plan["trials"]
+    }
+    order = plan["launch_order"]
+    canaries = [o["trial_hash"] for o in order if o["canary"]]
+    assert len(order) == 48 and len(canaries) == len(set(setting.values())) == 16
+    assert [o["canary"] for o in order] == [True] * 16 + [False] * 32  # every canary first
+    assert {setting[h] for h in canaries} == set(setting.values())
+    seeds = {r["trial_hash"]: r["seed"] for r in plan["trials"]}
+    assert {seeds[h] for h in canaries} == {0}  # a setting's first trial in the plan
