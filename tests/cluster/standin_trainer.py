@@ -7,10 +7,12 @@ a VeRL job does to its pre-created MLflow run (``MLFLOW_RUN_ID``), as scripted p
 
     {"pdm_agg": [{"result": "fail"}, {"result": "ok", "wait_for": "/tmp/x/release"}], ...}
 
-Results: ``ok`` logs a metric per step and ends the run FINISHED (verl's ``Tracking.finish``);
-``open`` logs the metrics but exits 0 leaving the run RUNNING; ``fail`` prints a traceback-like
-error, marks the run FAILED as pdmask's verl trainer does, and exits 1. The last entry repeats.
-``sleep`` (seconds) and ``wait_for`` (until that file exists) delay the result.
+Every result but ``fail`` first logs a validation at step 0 and a training step, as a job that
+started does (a setting's canary: ``orchestration/canary.py``). Results: ``ok`` logs a metric
+per step and ends the run FINISHED (verl's ``Tracking.finish``); ``open`` logs the metrics but
+exits 0 leaving the run RUNNING; ``fail`` prints a traceback-like error, marks the run FAILED as
+pdmask's verl trainer does, and exits 1. The last entry repeats. ``sleep`` (seconds) and
+``wait_for`` (until that file exists) delay the result.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import json
 import os
 import sys
 import time
+
+EVAL = "val-core/aime24/acc/mean_at_16"
 
 
 def main() -> int:
@@ -30,17 +34,21 @@ def main() -> int:
         script = json.load(fh)[loss_mode]
     step = script[min(attempt, len(script)) - 1]
     print(f"stand-in trainer: {loss_mode} attempt {attempt} -> {step}", flush=True)
-    time.sleep(step.get("sleep", 0.0))
-    release = step.get("wait_for")  # a file the test creates when the job may end
-    deadline = time.time() + 120
-    while release and not os.path.exists(release) and time.time() < deadline:
-        time.sleep(0.2)
 
     from mlflow.entities import Metric
     from mlflow.tracking import MlflowClient
 
     client = MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
     run_id = os.environ["MLFLOW_RUN_ID"]
+    if step["result"] != "fail":  # as a job starts: the validation before training, one step
+        now = int(time.time() * 1000)
+        first = [Metric(EVAL, 0.0, now, 0), Metric("critic/score/mean", 0.5, now, 1)]
+        client.log_batch(run_id, metrics=first)
+    time.sleep(step.get("sleep", 0.0))
+    release = step.get("wait_for")  # a file the test creates when the job may end
+    deadline = time.time() + 120
+    while release and not os.path.exists(release) and time.time() < deadline:
+        time.sleep(0.2)
     if step["result"] == "fail":
         print("Traceback (most recent call last):", file=sys.stderr)
         print(
@@ -53,7 +61,7 @@ def main() -> int:
     now = int(time.time() * 1000)
     client.log_batch(
         run_id,
-        metrics=[Metric("val-core/aime24/acc/mean_at_16", 0.1 * s, now, s) for s in range(steps)],
+        metrics=[Metric(EVAL, 0.1 * s, now, s) for s in range(1, steps)],
     )
     client.set_tag(run_id, "standin.seed", config["data.seed"])
     if step["result"] == "ok":

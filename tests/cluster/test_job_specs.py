@@ -246,3 +246,18 @@ def test_every_job_carries_the_layout_its_engine_rules_derive(dry_run):
         assert job["runtime_env"]["env_vars"]["PDM_COLLECTIVE_TIMEOUT_S"] == str(timeout)
         assert row["cost_basis"] == "estimate" and row["step_seconds"] > 0
         assert row["disk_running_gb"] == job["checkpoints"]["running_gb"] > 0
+
+
+def test_the_dry_run_launches_one_canary_per_setting_first(dry_run):
+    plan, _ = dry_run
+    setting = {
+        r["trial_hash"]: (r["method"], r["model"], r["precision"], r["delta"])
+        for r in plan["trials"]
+    }
+    order = plan["launch_order"]
+    canaries = [o["trial_hash"] for o in order if o["canary"]]
+    assert len(order) == 48 and len(canaries) == len(set(setting.values())) == 16
+    assert [o["canary"] for o in order] == [True] * 16 + [False] * 32  # every canary first
+    assert {setting[h] for h in canaries} == set(setting.values())
+    seeds = {r["trial_hash"]: r["seed"] for r in plan["trials"]}
+    assert {seeds[h] for h in canaries} == {0}  # a setting's first trial in the plan

@@ -69,3 +69,53 @@ def test_a_job_backend_in_one_module_trains_through_the_one_job_loop(bandit_jobs
     assert again.ok, out[-4000:]
     assert "2 already finished, 0 to run" in out, out[-4000:]
     assert len(client.search_runs([experiment.experiment_id])) == 2
+
+
+TWO_SETTINGS = SWEEP.replace("name: bandit-jobs", "name: bandit-canary").replace(
+    "seeds: 1\nretries: 0", "seeds: 2\nretries: 2"
+)
+
+
+def test_a_setting_that_fails_deterministically_stops_after_one_attempt_of_its_canary(
+    tmp_path, monkeypatch, capsys
+):
+    """pdm-agg's jobs fail as on a node without a package (ImportError): its canary runs once
+    (retries: 2 are for faults that can pass), its other trial is never submitted, the other
+    setting trains both seeds, the summary names the error and the setting, exit code 1."""
+    from mlflow.tracking import MlflowClient
+    from pdm_bandit_backend import IMPORT_ERROR_ENV
+
+    import pdmask
+
+    monkeypatch.setenv("PDM_JOB_POLL_SECONDS", "1")
+    monkeypatch.setenv(IMPORT_ERROR_ENV, "pdm-agg")
+    with fixture_backend_project(
+        tmp_path, "pdm_bandit_jobs_backend", {"bandit-canary": TWO_SETTINGS}
+    ):
+        trials = load_registry().expand("bandit-canary")
+        result = pdmask.run_sweep("bandit-canary", pdmask.SweepOptions(figures=False))
+    out = capsys.readouterr().out
+    assert result.exit_code == 1, out[-4000:]
+    agg = [t for t in trials if t.method == "pdm-agg"]
+    assert len(trials) == 4 and len(agg) == 2
+    submitted = [line for line in out.splitlines() if line.startswith("submitted pdm-")]
+    assert len(submitted) == 3, out[-4000:]  # both dppo seeds, one attempt of pdm-agg's canary
+    client = MlflowClient(result.tracking_uri)
+    experiment = client.get_experiment_by_name("bandit-canary")
+    runs = {
+        r.data.tags["pdm.trial_hash"]: r for r in client.search_runs([experiment.experiment_id])
+    }
+    canary = [runs[t.trial_hash] for t in agg if t.trial_hash in runs]
+    assert len(canary) == 1 and len(runs) == 3, "the canary's sibling never got a run"
+    tags = canary[0].data.tags
+    assert (tags["pdm.attempts"], tags["pdm.failure_kind"]) == ("1", "import")
+    assert tags["pdm.ray_job"].endswith("-a1") and canary[0].info.status == "FAILED"
+    dppo = [runs[t.trial_hash] for t in trials if t.method == "dppo-topk-kl"]
+    assert [r.info.status for r in dppo] == ["FINISHED", "FINISHED"]
+    outcome = result.outcome
+    assert (outcome.finished, outcome.failed, outcome.not_started) == (2, 1, 1)
+    (stopped,) = outcome.stopped
+    assert stopped["setting"] == agg[0].cell_name() and stopped["not_started"] == 1
+    assert "ImportError: No module named 'flash_attn'" in stopped["error"]
+    line = f"setting {agg[0].cell_name()} stopped: ImportError: No module named 'flash_attn'"
+    assert sum(line in x for x in out.splitlines()) == 2, out[-4000:]  # when it stops; summary

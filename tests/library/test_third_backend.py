@@ -109,3 +109,36 @@ def test_a_sweep_trains_on_the_third_backend_through_the_library(bandit):
         history = client.get_metric_history(run.info.run_id, "actor/pdm/masked_frac")
         masked.append(max(m.value for m in history))
     assert max(masked) > 0, masked  # the recipes' masks acted on the later passes
+
+
+def test_a_tune_setting_that_fails_deterministically_stops_after_its_canary(tmp_path, monkeypatch):
+    """The same gate on Ray Tune: pdm-agg's canary fails once with an ImportError (not
+    retried), its other seed never starts, dppo-topk-kl trains both, exit code 1."""
+    from mlflow.tracking import MlflowClient
+    from pdm_bandit_backend import IMPORT_ERROR_ENV
+
+    import pdmask
+
+    sweep = SWEEP.replace("name: bandit-smoke", "name: bandit-canary").replace(
+        "seeds: 2", "seeds: 2\nretries: 2\nmax_concurrent: 1"
+    )
+    monkeypatch.setenv(IMPORT_ERROR_ENV, "pdm-agg")
+    with fixture_backend_project(tmp_path, "pdm_bandit_backend", {"bandit-canary": sweep}):
+        trials = load_registry().expand("bandit-canary")
+        result = pdmask.run_sweep("bandit-canary", pdmask.SweepOptions(figures=False))
+    assert result.exit_code == 1, result.outcome
+    client = MlflowClient(result.tracking_uri)
+    experiment = client.get_experiment_by_name("bandit-canary")
+    runs = {
+        r.data.tags["pdm.trial_hash"]: r for r in client.search_runs([experiment.experiment_id])
+    }
+    agg = [t for t in trials if t.method == "pdm-agg"]
+    (canary,) = [runs[t.trial_hash] for t in agg if t.trial_hash in runs]
+    assert canary.data.tags["pdm.attempts"] == "1" and canary.info.status == "FAILED"
+    assert canary.data.tags["pdm.failure_kind"] == "import"
+    assert len(runs) == 3 and all(
+        runs[t.trial_hash].info.status == "FINISHED" for t in trials if t.method != "pdm-agg"
+    )
+    (stopped,) = result.outcome.stopped
+    assert stopped["not_started"] == 1 and "ImportError" in stopped["error"]
+    assert result.outcome.not_started == 1 and result.outcome.interrupted == 0

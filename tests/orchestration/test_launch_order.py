@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from pdmask.orchestration.tune.launcher import spread_by_model
+from pdmask.orchestration.canary import launch_order
 from pdmask.registry import load_registry
 
 pytestmark = pytest.mark.processes
@@ -14,7 +14,7 @@ pytestmark = pytest.mark.processes
 
 def test_the_first_trials_are_of_different_models_and_none_is_lost():
     trials = load_registry().expand("main-figure")
-    order = spread_by_model(trials)
+    order = launch_order(trials)
     assert sorted(t.trial_hash for t in order) == sorted(t.trial_hash for t in trials)
     models = {t.model for t in trials}
     assert len(models) == 3

@@ -30,7 +30,10 @@ if TYPE_CHECKING:
     from pdmask.registry import Recipe, Registry, Sweep, Trial
 
 Reporter = Callable[[int, dict[str, float]], None]
-"""``reporter(step, metrics)``: called at step 0 (the base model's evaluation) and per RL step."""
+"""``reporter(step, metrics)``: called at step 0 (the base model's evaluation, ``eval_metrics``)
+and per RL step, whose metrics include ``critic/score/mean`` (verl's mean reward): a setting's
+canary has proven it once its run holds both (``orchestration/canary.py``). A job logs the same
+into its run."""
 
 
 @runtime_checkable

@@ -136,6 +136,21 @@ def _status_lookup(tracking_uri, sweep_name, claims: bool):
     return with_claims
 
 
+def _launch_order(sweep, trials, tracking_uri, eval_metrics) -> list[tuple]:
+    """The unfinished trials in launch order, each with whether it is its setting's canary
+    (``orchestration/canary.py``), as the store says now; empty for a search."""
+    if sweep.search is not None:
+        return []
+    from pdmask.orchestration.canary import SettingGate
+    from pdmask.tracking import TrialStatusIndex
+
+    by_hash = TrialStatusIndex.open(tracking_uri, sweep.name, create=False).by_hash
+    done = TrialStatusIndex(by_hash).finished_hashes()
+    todo = [t for t in trials if t.trial_hash not in done]
+    gate = SettingGate.of(trials, todo, by_hash, lambda: by_hash, eval_metrics, print)
+    return [(t, gate.is_canary(t)) for t in gate.order]
+
+
 def _print_plan(name: str, options, as_json: bool) -> None:
     from pdmask.api import plan
     from pdmask.console import console, print_json, table
@@ -165,6 +180,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     rows = plan_rows(trials, cluster, status_of, workloads, measured)
     disk = disk_need(rows, cluster)
     left_out = reg.left_out(name, backend=options.backend)
+    order = _launch_order(sweep, trials, options.tracking_uri, backend.eval_metrics(cluster))
     if as_json:
         data = {"sweep": sweep.name, "cluster": cluster, "trials": [r.model_dump() for r in rows]}
         data["disk"] = disk.model_dump()
@@ -181,6 +197,9 @@ def _print_plan(name: str, options, as_json: bool) -> None:
                 row["job"] = spec
         if sweep.search is not None:
             data["search"] = sweep.search.model_dump()
+        data["launch_order"] = [
+            {"trial_hash": t.trial_hash, "run_name": t.run_name(), "canary": c} for t, c in order
+        ]
         print_json(data)
         return
     out = console()
@@ -233,6 +252,7 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     for reason, lo in left_out.items():
         methods = f" (method {', '.join(lo.methods)})" if lo.methods else ""
         out.print(f"left out on backend {backend}: {lo.trials} trial(s), {reason}{methods}")
+    _print_canaries(out, order)
     if sweep.search is not None:
         out.print(
             f"search: {sweep.search.budget} trials optimising {sweep.search.metric} ({sweep.search.mode}) "
@@ -342,3 +362,15 @@ def _training_line(t: dict) -> str:
 
 def _tb(gb: float) -> str:
     return f"{gb / 1000:,.1f} TB" if gb >= 1000 else f"{gb:,.0f} GB"
+
+
+def _print_canaries(out, order: list[tuple]) -> None:
+    """The canaries in launch order, by trial hash (the table's first column; ``--json``'s
+    ``launch_order`` names them), and what waits for them."""
+    canaries = [t.trial_hash[:10] for t, canary in order if canary]
+    if canaries:
+        out.print(
+            f"canaries, launched first (the first trial of each setting not yet proven; its other "
+            f"{len(order) - len(canaries)} trial(s) start once it reported its first training "
+            f"step and a validation, none after a deterministic failure): {', '.join(canaries)}"
+        )

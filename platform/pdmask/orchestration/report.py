@@ -1,8 +1,8 @@
 """The end of a sweep as printed, from its outcome alone: what the command and a library call show.
 
 Counts and wall time; each setting's final headline metric, mean ± sd over its seeds; one line
-per failed trial with its reason and where its log is; a search's best trial; where the runs and
-the logs are.
+per failed trial with its reason and where its log is; one per setting a deterministic failure
+stopped; a search's best trial; where the runs and the logs are.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pdmask.console import table
+from pdmask.orchestration.canary import stop_line
 from pdmask.orchestration.progress_view import duration, headline_label
 from pdmask.orchestration.session import SweepOutcome
 from pdmask.orchestration.summary import format_mean_sd
@@ -31,6 +32,7 @@ def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -
         ["interrupted (resume: run again)", out.interrupted],
         ["running in another invocation", out.elsewhere],
         ["running on as Ray jobs (detached: the same command attaches)", out.detached],
+        ["not started (their setting was stopped)", out.not_started],
     ]
     wall = "" if out.wall_s is None else f", wall time {duration(out.wall_s)}"
     console.print(table(f"sweep {sweep.name}: summary{wall}", ["", "trials"], rows))
@@ -45,6 +47,8 @@ def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -
             f"[red]failed[/red] {escape(f['name'])}: {escape(f['reason'])} "
             f"(its log: `pdm logs {escape(f['name'])}`)"
         )
+    for stopped in out.stopped:
+        console.print(f"[red]stopped[/red] {escape(stop_line(stopped))}")
     if out.best:
         console.print(
             f"best trial: {out.best['run_name']} ({sweep.search.metric} = {out.best['value']:.4f}, "

@@ -3,16 +3,17 @@
 Flow, the same for every launch kind: the head opens the invocation's session once
 (``session.SweepSession``: the tracking store, checked before anything launches, its experiment,
 the interrupts), lets the launch kind refuse what it cannot run (``Launcher.check``), skips the
-finished trials and says what is left in one line → the launch kind's launcher runs the rest
-(``launcher.py``: Ray Tune trials in ``tune/``, Ray jobs in ``jobs/``) → the tail: settle (final
-states read from MLflow; runs left RUNNING by an interrupt become KILLED and resume next time,
-unless their jobs run on, detached) → summary → figures, drawn from this sweep's own trials →
-the outcome, whose ``exit_code`` is the command's.
+finished trials and says what is left in one line, with the gate both launch kinds consult
+(``canary.py``: a canary per setting, fail-fast on deterministic failures) → the launch kind's
+launcher runs the rest (``launcher.py``: Ray Tune trials in ``tune/``, Ray jobs in ``jobs/``) →
+the tail: settle (final states read from MLflow; runs left RUNNING by an interrupt become KILLED
+and resume next time, unless their jobs run on, detached) → summary → figures, drawn from this
+sweep's own trials → the outcome, whose ``exit_code`` is the command's.
 
-Exit codes (``SweepOutcome.exit_code``): 0 all finished and drawn; 1 a trial failed or a figure
-could not be built; 2 a trial's configuration was refused or its recipe raised (neither is
-retried: fix, then rerun); ``EXIT_INTERRUPTED`` (130) interrupted (SIGINT, SIGTERM, or trials
-left unfinished), resumable by running the same command again.
+Exit codes (``SweepOutcome.exit_code``): 0 all finished and drawn; 1 a trial failed, a setting
+was stopped or a figure could not be built; 2 a trial's configuration was refused or its recipe
+raised (neither is retried: fix, then rerun); ``EXIT_INTERRUPTED`` (130) interrupted (SIGINT,
+SIGTERM, or trials left unfinished), resumable by running the same command again.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def run_sweep(
             if not todo.count:
                 outcome = session.unlaunched(todo)
             else:
+                if line := session.gate.plan_line():
+                    console.print(line)
                 launched = Launched()
                 if not interrupts.requested:  # stopped while the store was checked: start nothing
                     launched = launcher.launch(session, todo)

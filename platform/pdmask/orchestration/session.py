@@ -22,6 +22,7 @@ from typing import Any, TypedDict, TypeVar
 
 from rich.console import Console
 
+from pdmask.orchestration.canary import SettingGate, StoppedSetting
 from pdmask.orchestration.interrupts import EXIT_INTERRUPTED, Interrupts
 from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.summary import SettingResult, TrialFailure
@@ -36,7 +37,7 @@ from pdmask.tracking import (
     runs_by_hash,
     sanitize_metric,
 )
-from pdmask.tracking.runs import FAILURE_KIND_TAG
+from pdmask.tracking.runs import FAILURE_KIND_TAG, FailureKind
 
 Held = TypeVar("Held")
 INTERRUPTED_NOTE = "interrupted: run the same command again to resume"
@@ -77,20 +78,23 @@ class SweepOutcome:
     stop_requested: bool = False  # SIGINT, SIGTERM or SIGHUP ended it (resumable)
     figures: dict[str, str] = field(default_factory=dict)  # name -> its PNG, each drawn
     figures_failed: list[str] = field(default_factory=list)  # names of those that failed
+    # settings a deterministic failure stopped (``canary.py``), and their trials never started
+    stopped: list[StoppedSetting] = field(default_factory=list)
+    not_started: int = 0
 
     @property
     def exit_code(self) -> int:
         """0 all finished and drawn; ``EXIT_INTERRUPTED`` (130) interrupted or trials left
         unfinished (the same command resumes); 2 a trial's configuration was refused or its
-        recipe raised (neither is retried: fix, then rerun); 1 a trial failed, a figure could
-        not be drawn, or the cluster was lost."""
+        recipe raised (neither is retried: fix, then rerun); 1 a trial failed, a setting was
+        stopped, a figure could not be drawn, or the cluster was lost."""
         if self.lost_cluster:
             return 1
         if self.stop_requested or self.interrupted:
             return EXIT_INTERRUPTED
         if self.config_errors or self.recipe_errors:
             return 2
-        return 1 if self.failed or self.figures_failed else 0
+        return 1 if self.failed or self.stopped or self.figures_failed else 0
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,8 @@ class SweepSession:
     console: Console
     interrupts: Interrupts  # SIGINT, SIGTERM, SIGHUP end the sweep, resumable
     started: float  # time.monotonic() at the start, for the wall time
+    # which trials may start now, by setting: the canaries, fail-fast (opened by ``todo``)
+    gate: SettingGate = field(default_factory=SettingGate.none)
     _held: ExitStack = field(default_factory=ExitStack, repr=False)
 
     @classmethod
@@ -193,13 +199,24 @@ class SweepSession:
     # ---------------------------------------------------------------- skip-finished
     def todo(self) -> Todo:
         """The trials without a FINISHED run (by trial hash), in order; a search's budget less
-        the points it finished."""
-        done = TrialStatusIndex(runs_by_hash(self.client, self.experiment_id)).finished_hashes()
+        the points it finished. Opens the session's gate on the same read of the runs: which of
+        them may start when (``canary.py``; a search's points are each a setting of their own,
+        its gate holds none back)."""
+        by_hash = runs_by_hash(self.client, self.experiment_id)
+        done = TrialStatusIndex(by_hash).finished_hashes()
         search = self.sweep.search
         if search is not None:
             left = max(search.budget - len(done), 0)
             return Todo(self.trials[:1] if left else [], left, search.budget, frozenset(done))
         todo = [t for t in self.trials if t.trial_hash not in done]
+        self.gate = SettingGate.of(
+            self.trials,
+            todo,
+            by_hash,
+            lambda: runs_by_hash(self.client, self.experiment_id),
+            self.headline(),
+            self.console.print,
+        )
         return Todo(todo, len(todo), len(self.trials), frozenset(done))
 
     def start_line(self, todo: Todo) -> str:
@@ -228,6 +245,7 @@ class SweepSession:
 
         A trial not FINISHED in the snapshot is re-read under its claim: another invocation may be
         finishing it right now, and its state must never be overwritten from a stale snapshot.
+        The trials a stopped setting kept from starting (``gate``) are counted apart.
         """
         from pdmask.orchestration.claims import Claim
         from pdmask.tracking.runs import find_trial_runs, with_retry
@@ -236,6 +254,7 @@ class SweepSession:
         by_hash = runs_by_hash(client, experiment_id)
         finished = failed = interrupted = elsewhere = config_errors = recipe_errors = 0
         running_on = 0  # detached jobs
+        not_started = self.gate.not_started()
         search = self.sweep.search is not None
         hashes = list(by_hash) if search else [t.trial_hash for t in self.trials]
         read = []  # each trial's runs as last read
@@ -249,15 +268,17 @@ class SweepSession:
                 read += by_hash.get(h, [])
                 running_on += 1
                 continue
+            if h in not_started:  # its setting was stopped before it started
+                continue
             with Claim(h, wait=0, holder=experiment_id) as ours:
                 runs = find_trial_runs(client, experiment_id, h) if ours else by_hash.get(h, [])
                 read += runs
                 statuses = {r.info.status for r in runs}
                 if "FINISHED" in statuses:
                     finished += 1
-                elif any(r.data.tags.get(FAILURE_KIND_TAG) == "config" for r in runs):
+                elif any(r.data.tags.get(FAILURE_KIND_TAG) == FailureKind.CONFIG for r in runs):
                     config_errors += 1
-                elif any(r.data.tags.get(FAILURE_KIND_TAG) == "recipe" for r in runs):
+                elif any(r.data.tags.get(FAILURE_KIND_TAG) == FailureKind.RECIPE for r in runs):
                     recipe_errors += 1
                 elif "FAILED" in statuses:
                     failed += 1
@@ -280,6 +301,8 @@ class SweepSession:
             config_errors=config_errors,
             recipe_errors=recipe_errors,
             detached=running_on,
+            stopped=self.gate.stopped_settings(),
+            not_started=len(not_started),
         )
         return self._concluded(outcome, read)
 

@@ -93,6 +93,21 @@ class Trial(BaseModel):
         a run with this hash and another trial hash trained an earlier version of the recipe."""
         return _digest({k: v for k, v in self.identity().items() if k not in CODE_FIELDS})
 
+    @property
+    def cell_hash(self) -> str:
+        """The trial's setting: the cell of a figure panel that its seeds sample, identified by
+        the hash of its identity without the seed (the method with its parameters and code,
+        model, precision, delta, the source of mu, the embedded knobs, backend, budget). The
+        sweep's canary and fail-fast act per setting (``orchestration/canary.py``)."""
+        return _digest({k: v for k, v in self.identity().items() if k != "seed"})
+
+    def cell_name(self) -> str:
+        """The setting as a name: the run name without its seed."""
+        delta = "" if self.delta is None else f"-d{self.delta:g}"
+        varied = "".join(f"-{name}{_short(value)}" for name, value in self.varied_params().items())
+        knobs = "".join(f"-{knob}{knob_tag(value)}" for knob, value in sorted(self.sim.items()))
+        return f"{self.method}{varied}-{self.setting}{delta}{knobs}"
+
     def recipe(self) -> Recipe:
         """The recipe this trial trains, executed from the source it carries (never re-read
         from disk: an edit after planning does not reach this trial)."""
@@ -167,7 +182,4 @@ class Trial(BaseModel):
 
     def run_name(self) -> str:
         """Human-readable run name (display only: identity is the hash tag)."""
-        delta = "" if self.delta is None else f"-d{self.delta:g}"
-        varied = "".join(f"-{name}{_short(value)}" for name, value in self.varied_params().items())
-        knobs = "".join(f"-{knob}{knob_tag(value)}" for knob, value in sorted(self.sim.items()))
-        return f"{self.method}{varied}-{self.setting}{delta}{knobs}-s{self.seed}"
+        return f"{self.cell_name()}-s{self.seed}"

@@ -10,9 +10,11 @@ values, so the metric history has no duplicate or backward steps.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, TypeVar
 
 from pdmask.errors import TrialFailed
@@ -22,6 +24,116 @@ from pdmask.tracking.store import DESCRIPTION_TAG
 
 T = TypeVar("T")
 FAILURE_KIND_TAG = "pdm.failure_kind"
+FAILURES_TAG = "pdm.failures"  # every attempt's failure: attempt, reason, kind, fingerprint, time
+
+
+class FailureKind(StrEnum):
+    """Why an attempt failed (the run's ``pdm.failure_kind``). The deterministic kinds fail the
+    same way on every attempt: never retried, and they stop their setting's queued trials
+    (``orchestration/canary.py``); the others are faults that can pass, retried."""
+
+    CRASH = "crash"  # an exception or a non-zero exit: retried (twice alike: REPEATED)
+    STALL = "stall"  # no step within the watchdog's bound (``watchdog.py``): retried
+    LOST_NODE = "lost-node"  # its node, raylet or Ray job went away: retried
+    PREEMPTED = "preempted"  # stopped from outside (the cluster, an operator): retried
+    SIGNAL = "signal"  # its process was killed by a signal (OOM killer, SIGKILL): retried
+    CONFIG = "config"  # its configuration was refused (``errors.ConfigError``, Hydra's)
+    RECIPE = "recipe"  # its recipe's own code raised (``errors.RecipeError``)
+    IMPORT = "import"  # a module it needs is missing (ImportError): the install's fault
+    ENGINE = "engine"  # the inference engine refused to start with its settings
+    REPEATED = "repeated"  # a crash with the same fingerprint as an earlier attempt's
+
+    @property
+    def deterministic(self) -> bool:
+        return self in DETERMINISTIC
+
+
+DETERMINISTIC = frozenset(
+    {
+        FailureKind.CONFIG,
+        FailureKind.RECIPE,
+        FailureKind.IMPORT,
+        FailureKind.ENGINE,
+        FailureKind.REPEATED,
+    }
+)
+# An exception's type, as a failure's line names it (``ValueError: ...``, ``ray.exceptions.
+# RayTaskError(ImportError): ...``): the dotted name and the one in parentheses.
+_EXCEPTION_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)(?:\(([A-Za-z_][\w.]*)\))?:")
+KIND_OF_EXCEPTION = {
+    "ImportError": FailureKind.IMPORT,
+    "ModuleNotFoundError": FailureKind.IMPORT,
+    "ConfigError": FailureKind.CONFIG,
+    "ValidationFailed": FailureKind.CONFIG,
+    "ConfigAttributeError": FailureKind.CONFIG,  # omegaconf: a key verl's config lacks
+    "ConfigCompositionException": FailureKind.CONFIG,  # hydra: overrides that do not compose
+    "ConfigKeyError": FailureKind.CONFIG,
+    "RecipeError": FailureKind.RECIPE,
+}
+# vLLM's words when its engine core did not start (its cause is printed above them).
+ENGINE_REFUSAL = "Engine core initialization failed"
+# What an error's fingerprint leaves out: what differs between two attempts failing alike.
+_VOLATILE = [
+    (re.compile(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}(?::\d{2})?(?:\.\d+)?"), "<time>"),
+    (re.compile(r"\b\d{1,2}:\d{2}:\d{2}(?:\.\d+)?\b"), "<time>"),
+    (re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.\-@~+]+)+[\\/]?"), "<path>"),
+    (re.compile(r"\b(?:0x[0-9a-fA-F]+|[0-9a-fA-F]{8,})\b"), "<id>"),
+    (re.compile(r"\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"), "<n>"),
+]
+
+
+def exception_kind(line: str) -> FailureKind:
+    """The kind of a failure from its exception line (``Type: message``): deterministic for the
+    types of ``KIND_OF_EXCEPTION`` and vLLM's engine refusal, else a crash."""
+    if ENGINE_REFUSAL in line:
+        return FailureKind.ENGINE
+    match = _EXCEPTION_TYPE.match(line)
+    names = [n.rpartition(".")[2] for n in (match.groups() if match else ()) if n]
+    return next(
+        (KIND_OF_EXCEPTION[n] for n in reversed(names) if n in KIND_OF_EXCEPTION), FailureKind.CRASH
+    )
+
+
+def fingerprint(line: str) -> str:
+    """An error's identity across attempts: its exception type and message with the times,
+    paths, hex ids and numbers that differ between attempts replaced, spaces collapsed."""
+    text = line.strip()
+    for pattern, placeholder in _VOLATILE:
+        text = pattern.sub(placeholder, text)
+    return " ".join(text.split())[:300]
+
+
+def attempt_kind(kind: FailureKind, line: str, earlier: list[dict[str, Any]]) -> FailureKind:
+    """The kind an attempt's failure is recorded as: ``kind``, but REPEATED for a crash whose
+    fingerprint an earlier attempt of the run already failed with (``earlier``: the run's
+    ``pdm.failures``), which would fail the same way again."""
+    if kind is not FailureKind.CRASH:
+        return kind
+    crashes = (FailureKind.CRASH, FailureKind.REPEATED)
+    seen = {
+        f.get("fingerprint") or fingerprint(failure_headline(f.get("reason", "")))
+        for f in earlier
+        if f.get("kind", FailureKind.CRASH) in crashes  # an older pdm recorded no kind
+    }
+    return FailureKind.REPEATED if fingerprint(line) in seen else kind
+
+
+# Where a failure's first line names its exception after saying what failed (a Ray job's
+# status, then the last exception its log shows: ``jobs/cluster.describe_failure``).
+LAST_EXCEPTION = "; last exception: "
+
+
+def failure_headline(reason: str) -> str:
+    """The one line of a failure reason that names the error: the exception a job's first line
+    ends with (``LAST_EXCEPTION``), else the first line (a watchdog's finding, ...)."""
+    first = _first_line(reason)
+    _, found, exception = first.partition(LAST_EXCEPTION)
+    return exception if found else first
+
+
+def failures_of(run) -> list[dict[str, Any]]:
+    """The run's recorded failures, every attempt's (``pdm.failures``)."""
+    return json.loads(run.data.tags.get(FAILURES_TAG, "[]"))
 
 
 def with_retry(fn: Callable[[], T], attempts: int = 8) -> T:
@@ -126,7 +238,10 @@ class TrialRun:
             if run.info.status == "RUNNING":
                 # Our process holds the trial's claim, so nobody else is in it: the last attempt died.
                 _append_failure(
-                    client, run, "attempt ended without a report (process killed or out of memory)"
+                    client,
+                    run,
+                    "attempt ended without a report (process killed or out of memory)",
+                    FailureKind.SIGNAL,
                 )
             with_retry(lambda: client.update_run(run.info.run_id, status="RUNNING"))
             if FAILURE_KIND_TAG in run.data.tags:  # a new attempt: its own outcome decides
@@ -188,17 +303,22 @@ class TrialRun:
             with_retry(lambda: self.client.log_dict(self.run_id, summary, "summary.json"))
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
 
-    def fail(self, reason: str, final: bool = True, kind: str = "crash") -> None:
-        """Record a failure reason; ``final`` marks the run FAILED (no retry left). ``kind``
-        (tag ``pdm.failure_kind``): ``crash``, ``stall``, ``config`` for a configuration error,
-        ``recipe`` for an error in the recipe's own code."""
+    def fail(
+        self, reason: str, final: bool = True, kind: FailureKind = FailureKind.CRASH
+    ) -> FailureKind:
+        """Record a failure (``reason``: its first line names it) and its kind (tag
+        ``pdm.failure_kind``), a crash alike an earlier attempt's as REPEATED (``attempt_kind``);
+        ``final`` marks the run FAILED (no retry left). Returns the kind recorded: a
+        deterministic one is never retried."""
         run = with_retry(lambda: self.client.get_run(self.run_id))
-        _append_failure(self.client, run, reason)
+        kind = attempt_kind(FailureKind(kind), failure_headline(reason), failures_of(run))
+        _append_failure(self.client, run, reason, kind)
         with_retry(lambda: self.client.set_tag(self.run_id, "pdm.failure_reason", reason[:4000]))
-        with_retry(lambda: self.client.set_tag(self.run_id, FAILURE_KIND_TAG, kind))
+        with_retry(lambda: self.client.set_tag(self.run_id, FAILURE_KIND_TAG, kind.value))
         with_retry(
             lambda: self.client.set_terminated(self.run_id, status="FAILED" if final else "RUNNING")
         )
+        return kind
 
     def note(self, text: str) -> None:
         """Add a line to the run's ``pdm.notes`` tag (what happened to it besides training)."""
@@ -211,17 +331,24 @@ class TrialRun:
         with_retry(lambda: self.client.set_terminated(self.run_id, status="KILLED"))
 
 
-def _append_failure(client, run, reason: str) -> None:
-    failures = json.loads(run.data.tags.get("pdm.failures", "[]"))
+def _first_line(reason: str) -> str:
+    lines = reason.strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def _append_failure(client, run, reason: str, kind: FailureKind = FailureKind.CRASH) -> None:
+    failures = failures_of(run)
     failures.append(
         {
             "attempt": int(run.data.tags.get("pdm.attempts", "1")),
             "reason": reason[:500],
+            "kind": kind.value,
+            "fingerprint": fingerprint(failure_headline(reason)),
             "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
         }
     )
     text = json.dumps(failures[-20:])
-    with_retry(lambda: client.set_tag(run.info.run_id, "pdm.failures", text))
+    with_retry(lambda: client.set_tag(run.info.run_id, FAILURES_TAG, text))
 
 
 def take_watchdog_reason(client, run_id: str | None) -> str | None:
@@ -246,6 +373,6 @@ def attempt_failure(run) -> str | None:
     """The first line of the failure its current attempt recorded on ``run``, or None (an
     attempt that was killed records nothing: the next one notes it)."""
     attempt = run.data.tags.get("pdm.attempts")
-    failures = json.loads(run.data.tags.get("pdm.failures", "[]"))
+    failures = failures_of(run)
     own = [f for f in failures if str(f.get("attempt")) == attempt and f.get("reason")]
     return own[-1]["reason"].strip().splitlines()[0] if own else None

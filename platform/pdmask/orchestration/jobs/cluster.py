@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from pdmask.backends.interface import JobSpec, parse_submission_id
 from pdmask.errors import ConfigError
+from pdmask.tracking.runs import LAST_EXCEPTION, FailureKind, exception_kind
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})
 TAIL_LINES = 40
@@ -26,7 +27,6 @@ _EXCEPTION_LINE = re.compile(
     r"^(?:\(\S+ pid=\d+(?:, ip=\S+)?\)\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?:\(.*?\))?:.*)$"
 )
 EXCEPTION_CHARS = 300
-LAST_EXCEPTION = "; last exception: "
 
 
 def last_exception(log: str) -> str | None:
@@ -70,12 +70,23 @@ class JobView:
         )
 
 
-def headline(reason: str) -> str:
-    """The one line of a failure reason the console shows: the job's last exception when
-    ``describe_failure`` found one, else the reason's first line (a watchdog's finding, ...)."""
-    first = reason.strip().splitlines()[0] if reason.strip() else ""
-    _, found, exception = first.partition(LAST_EXCEPTION)
-    return exception if found else first
+# What a job's own end says of its kind of failure, beyond its log's last exception.
+SIGNAL_EXIT_CODES = range(129, 160)  # a shell's 128 + the signal: killed, not failed
+
+
+def failure_kind(job: JobView, log: str | None) -> FailureKind:
+    """The kind of a job's failure (``tracking.runs.FailureKind``): stopped from outside
+    (preempted), its supervisor's node gone (lost node), killed by a signal, else what its log's
+    last exception says (an import error, a refused configuration, an engine refusal: never
+    retried), else a crash."""
+    if job.status == "STOPPED":
+        return FailureKind.PREEMPTED
+    if job.error_type and "SUPERVISOR_ACTOR_DIED" in job.error_type:
+        return FailureKind.LOST_NODE
+    if job.exit_code is not None and (job.exit_code < 0 or job.exit_code in SIGNAL_EXIT_CODES):
+        return FailureKind.SIGNAL
+    error = last_exception(log or job.message)
+    return exception_kind(error) if error else FailureKind.CRASH
 
 
 def describe_failure(job: JobView, log: str) -> str:

@@ -21,11 +21,11 @@ from rich.markup import escape
 from pdmask.backends.interface import JobBatch
 from pdmask.errors import ClusterLost
 from pdmask.orchestration.jobs.checks import UNREACHABLE_ENV, UNREACHABLE_SECONDS, poll_seconds
-from pdmask.orchestration.jobs.cluster import ClusterUnreachable, JobCluster, JobView, headline
+from pdmask.orchestration.jobs.cluster import ClusterUnreachable, JobCluster, JobView, failure_kind
 from pdmask.orchestration.session import SweepSession
 from pdmask.registry import Trial
 from pdmask.tracking import TrialRun, runs_by_hash
-from pdmask.tracking.runs import take_watchdog_reason, with_retry
+from pdmask.tracking.runs import FailureKind, failure_headline, take_watchdog_reason, with_retry
 from pdmask.tracking.step_times import resources_tag
 
 FINISHED_BY_TAG = "pdm.finished_by"
@@ -41,7 +41,9 @@ class TrialJob:
     attempts: set[int] = field(default_factory=set)  # every attempt number seen on the cluster
     sid: str | None = None  # the current attempt's submission id
     run_id: str | None = None
-    state: str = "queued"  # queued -> active -> finished | failed (or queued again to retry)
+    # queued -> active -> finished | failed (or queued again to retry); stopped: its setting was
+    # stopped before it was submitted
+    state: str = "queued"
     reason: str = ""
 
 
@@ -83,6 +85,7 @@ class JobRunner:
                     job.tries_left - 1,
                 )
                 job.run_id = latest.run_id or self._run_id_of(job.trial)
+                self.session.gate.start(job.trial)  # running: never held back or left out
                 self.console.print(
                     f"attached to {latest.submission_id} ({latest.status}): {job.trial.run_name()}"
                 )
@@ -142,13 +145,24 @@ class JobRunner:
     def _poll(self, job: TrialJob) -> None:
         view = self.cluster.view(job.sid)  # ClusterUnreachable: ``run`` retries within its bound
         if view is None:  # deleted from the cluster (`ray job delete`)
-            self._fail(job, f"Ray job {job.sid} disappeared from the cluster")
+            reason = f"Ray job {job.sid} disappeared from the cluster"
+            self._fail(job, reason, FailureKind.LOST_NODE)
         elif not view.active:
             self._settle(job, view)
 
     def _admit(self, todo: list[TrialJob]) -> None:
+        """Submit the queued jobs the gate admits (every setting's canary first, largest first)
+        while their GPUs fit; a stopped setting's queued jobs are never submitted."""
+        gate = self.session.gate
+        gate.refresh()
+        for job in todo:
+            if job.state == "queued" and gate.is_stopped(job.trial):
+                job.state = "stopped"
         active = [j for j in todo if j.state == "active"]
-        queued = sorted((j for j in todo if j.state == "queued"), key=lambda j: -j.gpus)
+        queued = sorted(
+            (j for j in todo if j.state == "queued" and gate.admissible(j.trial)),
+            key=lambda j: (not gate.is_canary(j.trial), -j.gpus),
+        )
         if not queued:
             return
         total = sum(self.cluster.node_gpus())
@@ -183,6 +197,7 @@ class JobRunner:
         )
         if run is None:  # another invocation finished it meanwhile
             job.state = "finished"
+            self.session.gate.end(job.trial.trial_hash)
             return
         attempt = max(job.attempts, default=0) + 1
         spec = self.batch.spec(job.trial, run_id=run.run_id, attempt=attempt)
@@ -196,6 +211,7 @@ class JobRunner:
         job.attempts.add(attempt)
         job.tries_left -= 1
         job.sid, job.run_id, job.state = sid, run.run_id, "active"
+        self.session.gate.start(job.trial)
         metadata = {
             "pdm.sweep": self.session.sweep.name,
             "pdm.trial_hash": job.trial.trial_hash,
@@ -239,13 +255,17 @@ class JobRunner:
             if problem is None:
                 job.state = "finished"
                 self.console.print(f"FINISHED {job.trial.run_name()} ({view.submission_id})")
+                self.session.gate.end(job.trial.trial_hash)
                 return
             self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {problem}")
         else:
             reason = self.cluster.failure_reason(view, log)
+            kind = failure_kind(view, log)
             cause = take_watchdog_reason(self.client, run_id)
-            cause = cause and f"the job's watchdog: {cause}"
-            self._fail(job, f"{cause}\n{reason}" if cause else reason)
+            if cause:  # a stall or a dead engine the watchdog found first (unless it never started)
+                reason = f"the job's watchdog: {cause}\n{reason}"
+                kind = kind if kind.deterministic else FailureKind.STALL
+            self._fail(job, reason, kind)
 
     def _keep_log(self, job: TrialJob, view: JobView) -> str | None:
         """The ended job's driver log, returned, appended to the trial's log in the state folder
@@ -301,19 +321,25 @@ class JobRunner:
         reason = run.data.tags.get("pdm.failure_reason", "")
         return f"its MLflow run ended {status}" + (f": {reason}" if reason else "")
 
-    def _fail(self, job: TrialJob, reason: str) -> None:
-        """A failed attempt; the console shows the reason's first line (the watchdog's reason, or
-        the job's status and Ray's message), never a log tail's last line."""
+    def _fail(self, job: TrialJob, reason: str, kind: FailureKind = FailureKind.CRASH) -> None:
+        """A failed attempt of ``kind``, recorded on its run (a crash alike an earlier attempt's
+        is recorded REPEATED); a deterministic one is not retried. The console shows the line
+        that names the error (the watchdog's reason, or the job log's last exception), never a
+        log tail's last line."""
         if job.run_id:
-            TrialRun(self.client, job.run_id, -1, 0, True).fail(reason, final=True)
+            kind = TrialRun(self.client, job.run_id, -1, 0, True).fail(reason, True, kind)
         job.reason = reason
-        last = headline(reason)
-        if job.tries_left > 0:
+        last = failure_headline(reason)
+        if job.tries_left > 0 and not kind.deterministic:
             job.state = "queued"
             self.console.print(
                 f"FAILED {job.sid}: {last[:160]} -- retrying ({job.tries_left} retr"
                 f"{'y' if job.tries_left == 1 else 'ies'} left)"
             )
+            return
+        job.state = "failed"
+        if job.tries_left > 0:
+            self.console.print(f"FAILED {job.sid}: {last[:160]} -- not retried ({kind})")
         else:
-            job.state = "failed"
             self.console.print(f"FAILED {job.sid}: {last[:160]} -- no retries left")
+        self.session.gate.end(job.trial.trial_hash)

@@ -19,7 +19,10 @@ faults. Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
    by Ray, and that refusal also means "attach".
 4. Admission: a job is submitted only while its GPUs fit into the cluster's free GPUs, which are
    ``total - max(GPUs in use now, GPUs reserved by this sweep's running jobs)`` (a job that is
-   still starting holds its reservation before verl allocates the GPUs). Largest trials go first.
+   still starting holds its reservation before verl allocates the GPUs). The session's gate says
+   which queued trials may go (``canary.py``): every setting's canary first, largest first; a
+   setting's other trials once its canary reported its first training step and a validation; none
+   of a setting a deterministic failure stopped (such a failure is never retried).
 5. Before each submission pdmask pre-creates (or resumes) the trial's one MLflow run with TAGS
    ONLY (verl logs its config as params itself; a conflicting param would silently disable
    MLflow) and passes it as ``MLFLOW_RUN_ID``; a retry attaches to the same run. Polling,
@@ -44,11 +47,12 @@ from pdmask.orchestration.jobs.checks import (
     unreachable_seconds,
     unshared,
 )
-from pdmask.orchestration.jobs.cluster import JobCluster, headline
+from pdmask.orchestration.jobs.cluster import JobCluster
 from pdmask.orchestration.jobs.job_loop import JobRunner, TrialJob
 from pdmask.orchestration.launcher import Launched
 from pdmask.orchestration.session import SweepSession, Todo
 from pdmask.registry import CLUSTERS
+from pdmask.tracking.runs import failure_headline
 
 
 class JobsLauncher:
@@ -115,7 +119,8 @@ class JobsLauncher:
             raise ConfigError(f"--address {address}: {err}") from None
         check_fit(session.trials, batch, node_gpus, session.cluster)
         tries = 1 + sweep.retries
-        jobs = [TrialJob(t, batch.resources(t).gpus, tries_left=tries) for t in todo.trials]
+        order = session.gate.order  # every setting's canary first
+        jobs = [TrialJob(t, batch.resources(t).gpus, tries_left=tries) for t in order]
         session.console.print(f"{len(jobs)} trial(s) to run as Ray jobs on {cluster.address}")
         runner = JobRunner(session, cluster, batch, unreachable_s=unreachable_seconds())
         runner.adopt(jobs)
@@ -155,7 +160,7 @@ def _jobs_table(session: SweepSession, jobs: list[TrialJob]) -> None:
             skipped = "skipped (finished before)"
             rows.append([trial.run_name(), trial.trial_hash[:10], "", skipped, ""])
             continue
-        reason = headline(job.reason)[:120] if job.state == "failed" else ""
+        reason = failure_headline(job.reason)[:120] if job.state == "failed" else ""
         ids = ", ".join(
             submission_id(sweep.name, trial.trial_hash, a).rsplit("-", 1)[1]
             for a in sorted(job.attempts)

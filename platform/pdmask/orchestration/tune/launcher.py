@@ -3,11 +3,14 @@
 Ray is started here (an embedded instance private to the sweep, ``cluster.local_ray``) or joined
 (``--address``); every trial runs ``trainable.run_trial`` in a reused Tune actor, which claims the
 trial, opens its MLflow run, trains under the watchdog and closes the run. Tune retries a crashed
-attempt ``sweep.retries`` times; a configuration or recipe error is never retried (the worker
-reports it instead of raising). The progress display (``progress.SweepProgress``) and the cluster
-watch (``cluster.watch.ClusterWatch``) are Tune callbacks. A grid's trials are launched one model
-at a time in turn (``spread_by_model``); a search samples its points with Optuna as it goes
-(``search.py``).
+attempt ``sweep.retries`` times; a deterministic failure (a configuration or recipe error, an
+import error, a crash alike an earlier attempt's: ``tracking.runs.FailureKind``) is never retried
+(the worker reports it instead of raising). The progress display (``progress.SweepProgress``)
+and the cluster watch (``cluster.watch.ClusterWatch``) are Tune callbacks. A grid's trials are
+handed to Tune one at a time as the session's gate admits them (``gated_grid.py``: every
+setting's canary first, one model at a time in turn, its other trials once the canary reported
+its first training step and a validation, none of a setting a deterministic failure stopped); a
+search samples its points with Optuna as it goes (``search.py``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,6 @@ from pdmask.orchestration.interrupts import Interrupts
 from pdmask.orchestration.launcher import Launched
 from pdmask.orchestration.session import SweepSession, Todo
 from pdmask.paths import state_dir, tune_results_dir
-from pdmask.registry import Trial
 
 LOST_NOTE = (
     "; its trials are KILLED, not lost: run the same command again to resume them once the "
@@ -51,22 +53,6 @@ class StopOnRequest(Stopper):
 
     def stop_all(self) -> bool:
         return self.event.is_set()
-
-
-def spread_by_model(trials: list[Trial]) -> list[Trial]:
-    """``trials`` in launch order: one of each model in turn. Trials of one model share its warm
-    start (the embedded backend's base model, built once under a lock): launched side by side,
-    the first ones would wait for one build while the other cores idle; spread out, the first
-    trials build different models at once (`main-figure` on 2 cores: ~170 core-seconds of lock
-    waits gone)."""
-    by_model: dict[str, list[Trial]] = {}
-    for t in trials:
-        by_model.setdefault(t.model, []).append(t)
-    queues = list(by_model.values())
-    out: list[Trial] = []
-    for i in range(max(map(len, queues), default=0)):
-        out += [q[i] for q in queues if i < len(q)]
-    return out
 
 
 class TuneLauncher:
@@ -143,7 +129,8 @@ class TuneLauncher:
         param_space, tune_config = self._space(session, todo)
         tune_config.trial_dirname_creator = tune_dirnames()  # Tune's trial folders: run names
         # the queued trials' names (a search's points are sampled as it goes: none known upfront)
-        names = {t.trial_hash: t.run_name() for t in todo.trials} if sweep.search is None else {}
+        grid = session.gate.order if sweep.search is None else []
+        names = {t.trial_hash: t.run_name() for t in grid}
         cpus = int(ray.cluster_resources().get("CPU", 1))  # one CPU per trial
         first_step = Phase(
             session.console,
@@ -161,6 +148,7 @@ class TuneLauncher:
             started=session.started,
             first_step=first_step,
         )
+        session.gate.on_stop.append(progress.drop)  # a stopped setting's trials never start
         tuner = tune.Tuner(
             tune.with_resources(run_trial, {"cpu": 1}),
             param_space=param_space,
@@ -185,6 +173,7 @@ class TuneLauncher:
 
         from pdmask.backends.interface import load_backend
         from pdmask.orchestration.driver_logs import reroute
+        from pdmask.orchestration.tune.gated_grid import GatedGrid
         from pdmask.orchestration.tune.search import search_space
         from pdmask.orchestration.tune.trainable import trial_bounds
         from pdmask.tracking import sanitize_metric
@@ -213,9 +202,10 @@ class TuneLauncher:
                 max_concurrent_trials=session.max_concurrent or 2,
                 reuse_actors=True,
             )
-        trials = [t.model_dump(mode="json") for t in spread_by_model(todo.trials)]
         # Reused actors keep torch, MLflow and the registry imported between trials.
-        return {"trial": tune.grid_search(trials), **static}, tune.TuneConfig(
+        return static, tune.TuneConfig(
+            search_alg=GatedGrid(session.gate),
+            num_samples=todo.count,
             max_concurrent_trials=session.max_concurrent or (os.cpu_count() or 2),
             reuse_actors=True,
         )

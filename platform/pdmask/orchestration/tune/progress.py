@@ -138,6 +138,11 @@ class SweepProgress(Callback):
         row.trial_hash = trial.trial_hash
         row.name = self.names.get(row.trial_hash) or trial.run_name()
 
+    def drop(self, hashes: list[str]) -> None:
+        """Trials that will not start (their setting was stopped): no longer queued or counted."""
+        dropped = [h for h in hashes if self.names.pop(h, None) is not None]
+        self.total -= len(dropped)
+
     def _queued_names(self) -> list[str]:
         started = {r.trial_hash for r in self.rows.values()}
         return [n for h, n in self.names.items() if h not in started]

@@ -2,7 +2,9 @@
 
 Outcomes reported to Tune (``pdm_outcome``): ``finished``, ``already-done`` (a FINISHED run exists),
 ``claimed-elsewhere`` (another live invocation trains it), ``config-error`` (never retried: the
-run is FAILED with the reason and ``pdm.failure_kind=config``), ``stalled`` (the trial stalled
+run is FAILED with the reason and ``pdm.failure_kind=config``), ``recipe-error`` (likewise),
+``deterministic-error`` (an import error, an engine refusal, or a crash alike an earlier
+attempt's: ``tracking.runs.FailureKind``; never retried), ``stalled`` (the trial stalled
 more than ``STALL_RETRIES`` times: not retried again), ``store-unwritable`` (it crashed and its
 store could not record why either: a full disk, a deleted state folder; not retried, the sweep
 ends with ``environment_error``'s line). Everything after the run is open, the
@@ -31,6 +33,7 @@ from pdmask.orchestration.trial_logs import captured, header, log_path, upload
 from pdmask.orchestration.tune.search import OBJECTIVE, SEARCH_POINT_TAG
 from pdmask.orchestration.tune.trial_config import trial_from_config
 from pdmask.registry import Trial
+from pdmask.tracking.runs import FailureKind, exception_kind
 from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
 
 # A Tune trial's watchdog bounds (PDM_STALL_SECONDS / PDM_STARTUP_SECONDS override the first two):
@@ -112,13 +115,13 @@ def _attempt(
         reason = (
             f"stalled {stalls} times (each attempt's reason is in pdm.failures): not retried again"
         )
-        run.fail(reason, final=True, kind="stall")
+        run.fail(reason, final=True, kind=FailureKind.STALL)
         return {**base, "pdm_outcome": "stalled", "pdm_error": reason}
     try:
         return _train(config, trial, run, base, redact(uri))
     except ConfigError as err:  # never retried: the same input fails the same way
         # A bug in the recipe's file is the recipe's, not the sweep's configuration.
-        kind = "recipe" if isinstance(err, RecipeError) else "config"
+        kind = FailureKind.RECIPE if isinstance(err, RecipeError) else FailureKind.CONFIG
         label = {"recipe": "recipe error", "config": "configuration error"}[kind]
         print(f"{label}: {err}", file=sys.stderr)  # the trial's log says it too
         run.fail(f"{label}: {err}", final=True, kind=kind)
@@ -132,7 +135,10 @@ def _attempt(
         reason = f"{type(err).__name__}: {err}".strip()
         traceback.print_exception(err)  # into the trial's log (Ray's own copy is unnamed)
         try:
-            run.fail(reason + "\n" + "".join(traceback.format_exception(err))[-1500:])
+            kind = run.fail(
+                reason + "\n" + "".join(traceback.format_exception(err))[-1500:],
+                kind=exception_kind(reason.splitlines()[0]),
+            )
         except Exception as unrecorded:
             line = environment_error(unrecorded)
             if line is None:
@@ -140,6 +146,9 @@ def _attempt(
             # Every retry would crash on the same store: the driver ends the sweep instead.
             line = f"tracking store {redact(uri)}: {line}"  # as open_client says it
             return {**base, "pdm_outcome": "store-unwritable", "pdm_error": line}
+        if kind.deterministic:  # it would fail the same way again: Tune must not retry it
+            print(f"not retried ({kind}): {reason.splitlines()[0]}", file=sys.stderr)
+            return {**base, "pdm_outcome": "deterministic-error", "pdm_error": reason[:500]}
         raise
 
 
@@ -248,7 +257,7 @@ def _end_stalled(run, log, reason: str) -> None:
         stalls = _stalls(run.client, run.run_id) + 1
         with_retry(lambda: run.client.set_tag(run.run_id, STALLS_TAG, str(stalls)))
         with_retry(lambda: run.client.set_tag(run.run_id, WATCHDOG_TAG, why))
-        run.fail(why, final=True, kind="stall")
+        run.fail(why, final=True, kind=FailureKind.STALL)
         upload(run.client, run.run_id, log)  # the process ends before its attempt's own upload
 
     end_process(reason, record)
