@@ -248,7 +248,8 @@ def test_a_wrong_or_missing_token_is_refused_without_printing_it(cluster, projec
     code, out = pdm(cluster, project, *args, RAY_AUTH_TOKEN="wrong-" + cluster.token[::-1])
     assert code == 2 and "refuses this token (HTTP 403)" in out, out
     assert cluster.token[::-1] not in out
-    code, out = pdm(cluster, project, *args)
+    # a HOME of its own: a local ray.init() elsewhere may have left ~/.ray/auth_token
+    code, out = pdm(cluster, project, *args, HOME=str(project))
     assert code == 2 and "requires Ray's authentication token and none is set" in out, out
 
 

@@ -164,7 +164,8 @@ def test_an_open_job_api_is_refused_unless_insecure_and_gets_no_token(job_api):
     assert headers_for(address, env={"RAY_AUTH_TOKEN": "t0ken-value"}) == {}
 
 
-def test_a_token_is_required_checked_and_never_shown(job_api):
+def test_a_token_is_required_checked_and_never_shown(job_api, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # a local ray.init() may have left ~/.ray/auth_token
     address = job_api("right-token-value")
     (missing,) = auth_problems(address, env={})
     assert "none is set" in missing.message
