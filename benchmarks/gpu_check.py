@@ -15,7 +15,14 @@ line on stdout (and in ``OUT/gpu_check.jsonl``) with ``"part"`` and ``"ok"``; ta
 - ``engine`` (c): two optimizer steps of a Qwen3-0.6B-shaped model through verl's FSDP engine with
   pdmask's hook and the ``pdm_agg`` loss (``gpu/engine_step.py``);
 - ``profile`` (d): pdm-agg's and torch's cross-entropy's fwd+bwd kernel by kernel, under
-  ``torch.profiler`` (``gpu/profile_loss.py``).
+  ``torch.profiler`` (``gpu/profile_loss.py``);
+- ``shard`` (e): the logits pass on vocabulary-parallel shards, TP 2 on this one device (two
+  processes over gloo), every output and gradient against the full pass and float64, and its
+  time against the full pass (``gpu/shard_pass.py``);
+- ``megatron`` (f): Megatron-Core's TP-2 group and pdmask's hook inside verl's Megatron engine
+  on those two ranks, against the FSDP hook on full logits (``gpu/megatron_hook.py``).
+
+Parts (e) and (f) share one spawn of the two ranks (``gpu/tp_ranks.py``).
 
 Nothing is downloaded: models come from configs, inputs from seeded random numbers.
 """
@@ -31,7 +38,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PARTS = ("loss", "hook", "engine", "profile")
+PARTS = ("loss", "hook", "engine", "profile", "shard", "megatron")
 VERL_ENGINE_PARTS = ("hook", "engine")  # they run verl's own log-prob code
 
 
@@ -46,7 +53,8 @@ def _versions() -> dict:
     from importlib import metadata
 
     out = {}
-    for name in ("torch", "triton", "transformers", "verl", "tensordict", "pydantic", "ray"):
+    names = ("torch", "triton", "transformers", "verl", "tensordict", "pydantic", "ray")
+    for name in (*names, "megatron-core"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -102,6 +110,7 @@ def main(argv=None) -> int:
 
     from gpu import engine_step, hook_memory, loss_paths, profile_loss
     from gpu.measure import emit, say
+    from gpu.tp_ranks import TwoRanks
 
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -113,6 +122,7 @@ def main(argv=None) -> int:
         out_file = args.out / "gpu_check.jsonl"
         out_file.write_text("")
     why_no_fused = loss_paths.fused_kernel_status(device)  # asked once: it compiles the kernel
+    two_ranks = TwoRanks(device, args.tiny, repeats, parts)  # spawned at the first part of it
     steps = {
         "environment": lambda: environment(device, standins),
         "loss": lambda: loss_paths.run(
@@ -127,6 +137,8 @@ def main(argv=None) -> int:
         "profile": lambda: profile_loss.run(
             device, loss_paths.TINY if args.tiny else loss_paths.FULL
         ),
+        "shard": lambda: two_ranks.part("shard"),
+        "megatron": lambda: two_ranks.part("megatron"),
     }
     started = time.perf_counter()
     failed = 0

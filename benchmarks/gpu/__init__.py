@@ -7,6 +7,9 @@
 - ``batches``: the synthetic packed micro-batches (b) and (c) feed verl;
 - ``recipes``: the recipe files at the check's delta, as (a) and (c) use them;
 - ``fused_logprob``: the fused log-prob kernel verl runs on GPU nodes (flash-attn's, rewritten);
+- ``tp_ranks``: two tensor-parallel ranks on one device (gloo), spawned for parts (e) and (f);
+- ``shard_pass``: part (e), the logits pass on vocabulary-parallel shards at TP 2;
+- ``megatron_hook``: part (f), Megatron-Core's TP-2 group and pdmask's Megatron hook;
 - ``prepare``, ``wheels.txt``, ``standins/``, ``standin_path``, ``import_check``: what travels to a
   machine with no package index, and what stands in for what cannot.
 """

@@ -45,6 +45,11 @@ MODULES = [
     "pdmask.backends.verl.plugin",
     "pdmask.backends.verl.config",
     "pdmask.backends.verl.loss",
+    # parts (e) and (f): the pass on vocabulary shards, Megatron-Core's groups, the Megatron hook
+    "pdmask.trust_region.vocab_parallel",
+    "megatron.core.parallel_state",
+    "verl.models.mcore.util",
+    "pdmask.backends.verl.megatron_processor",
 ]
 # The machine's own packages that importing MODULES loads (reported, not carried). Versions that
 # matter: pydantic imports typing_extensions.Sentinel (4.14.1 works, 4.12.2 does not); datasets
@@ -63,6 +68,7 @@ DEVICE_PACKAGES = [
     "accelerate",
     "xxhash",
     "pillow",
+    "einops",
 ]
 
 

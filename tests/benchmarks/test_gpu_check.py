@@ -2,7 +2,9 @@
 
 One run of ``benchmarks/gpu_check.py --device cpu --tiny`` (the README's code check) feeds the
 assertions on every part; the fused Triton kernel runs in Triton's interpreter and is held to a
-float64 reference. A second, in-process run shows that one part's failure costs no other part.
+float64 reference; the tensor-parallel parts run two real ranks over gloo (the pass's shards at
+tiny size on the chunks, Megatron-Core's groups, verl's Megatron layouts). A second, in-process
+run shows that one part's failure costs no other part.
 """
 
 from __future__ import annotations
@@ -41,7 +43,15 @@ def tiny_run(tmp_path_factory):
 def test_every_part_reports_one_ok_json_line(tiny_run):
     proc, parts, records = tiny_run
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert [r["part"] for r in records] == ["environment", "loss", "hook", "engine", "profile"]
+    assert [r["part"] for r in records] == [
+        "environment",
+        "loss",
+        "hook",
+        "engine",
+        "profile",
+        "shard",
+        "megatron",
+    ]
     assert all(r["ok"] for r in records), [r.get("error") for r in records]
     stdout = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert stdout == records  # stdout holds the same lines, and nothing else parses as JSON
@@ -109,6 +119,51 @@ def test_profile_part_names_the_kernels_of_both_paths(tiny_run):
     # pdm-agg's chunked pass launches more than torch's one fused cross-entropy
     profiles = parts["profile"]["profiles"]
     assert profiles["pdm-agg"]["kernels_launched"] > profiles["torch-ce"]["kernels_launched"]
+
+
+def test_shard_part_holds_every_output_and_gradient_of_two_shards_to_the_full_pass(tiny_run):
+    """Two ranks, each its half of the vocabulary: every output and each rank's gradient columns
+    within the float64 bounds the part states (twice that against the full pass, itself within
+    its bound), the outputs the same bits on both ranks, and the three times measured."""
+    _, parts, _ = tiny_run
+    shard = parts["shard"]
+    assert (shard["ranks"], shard["collectives"]) == (2, "gloo")
+    assert shard["columns"] == [[0, 512], [512, 512]]
+    assert shard["engine"] == "chunked"  # CPU at 512 columns; a GPU runs the fused kernels
+    bounds = shard["bounds"]
+    assert set(bounds) == {
+        "logp_sampled", "logp_support", "entropy", "tail_mass", "tail_sum_sq", "tail_sum_cube",
+        "grad_row_relative",
+    }  # fmt: skip
+    for errors, factor in (
+        (shard["vs_float64"]["shard"], 1),
+        (shard["vs_float64"]["full"], 1),
+        (shard["vs_full_pass"], 2),
+    ):
+        for key, bound in bounds.items():
+            assert 0 <= errors[key] <= factor * bound, (key, errors, bounds)
+    assert shard["matches"] and shard["replicated"]
+    assert min(shard["full_ms"], shard["tp2_ms"], shard["allreduce_ms"]) > 0
+    assert shard["tp2/full"] == round(shard["tp2_ms"] / shard["full_ms"], 3)
+
+
+def test_megatron_part_makes_a_tp2_group_and_its_hook_equals_the_fsdp_hook(tiny_run):
+    _, parts, _ = tiny_run
+    megatron = parts["megatron"]
+    assert [g["tensor_parallel_rank"] for g in megatron["groups"]] == [0, 1]
+    for group in megatron["groups"]:
+        assert group["tensor_parallel"] == 2 and group["tensor_parallel_ranks"] == [0, 1]
+        assert group["data_parallel"] == group["context_parallel"] == 1
+    layouts = megatron["layouts"]
+    assert set(layouts) == {"thd", "thd-fp8-padding", "bshd"}
+    for name, layout in layouts.items():
+        assert layout["same_statistics"], name
+        assert layout["max_difference"] <= megatron["tolerance"] == 1e-4, (name, layout)
+    # 4 sequences of 9 tokens, each padded to a multiple of TP (10), or of 16 with FP8 padding
+    assert layouts["thd"]["rows"] == [1, 40] and layouts["bshd"]["rows"] == [4, 10]
+    assert layouts["thd-fp8-padding"]["rows"] != layouts["thd"]["rows"]
+    assert {"pdm_stat_logp", "pdm_stat_entropy"} <= set(megatron["statistics"])
+    assert megatron["matches"]
 
 
 def test_the_fused_kernels_compile_for_the_lent_gpu():

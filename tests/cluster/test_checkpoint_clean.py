@@ -97,3 +97,59 @@ def _save_files(*steps: int) -> set[str]:
             for r in range(2)
         }
     return out
+
+
+def _megatron_save(trial: Path, step: int) -> None:
+    """A save of verl 0.9.1's Megatron engine (layout v2: ``megatron_checkpoint_manager.py``)."""
+    actor = trial / f"global_step_{step}" / "actor"
+    files = {
+        "model/huggingface/config.json": b"{}",
+        "model/huggingface/model.safetensors": b"h" * 200,
+        "optimizer/dist_ckpt/__0_0.distcp": b"o" * 1200,
+        "optimizer/dist_ckpt/.metadata": b"m",
+        "extra/dist_ckpt/__0_0.distcp": b"r" * 10,
+        "transformer_config.json": b"{}",
+        "ckpt_contents.json": b"{}",
+    }
+    for name, data in files.items():
+        (actor / name).parent.mkdir(parents=True, exist_ok=True)
+        (actor / name).write_bytes(data)
+    (trial / "latest_checkpointed_iteration.txt").write_text(str(step))
+
+
+def test_clean_keeps_a_finished_megatron_trials_hf_weights_only(tmp_path):
+    """What ``registry/cost.py`` counts for a finished trial trained on Megatron: its last
+    save's HF weights (its model slot); the optimizer's and RNG states' shards and older saves
+    go, and a KILLED trial's Megatron saves stay whole."""
+    from mlflow import MlflowClient
+
+    from pdmask.cli import app
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(uri)
+    experiment = client.create_experiment("main-figure")
+    root = tmp_path / "share" / "checkpoints"
+    trials = {}
+    for name, status in (("aa", "FINISHED"), ("bb", "KILLED")):
+        trials[status] = root / "main-figure" / f"{name:0<16}"
+        for step in (20, 40):
+            _megatron_save(trials[status], step)
+        run = client.create_run(experiment, tags={"pdm.trial_hash": trials[status].name})
+        client.set_terminated(run.info.run_id, status)
+    killed = _files(trials["KILLED"])
+    env = {
+        "PDM_HOME": str(tmp_path / ".pdm"),
+        "PDM_PROJECT": str(tmp_path),
+        "PDM_VERL_CHECKPOINT_DIR": str(root),
+        "MLFLOW_TRACKING_URI": uri,
+    }
+    result = CliRunner().invoke(app, ["clean", "--yes"], env=env)
+    assert result.exit_code == 0, result.output
+    assert _files(trials["FINISHED"]) == {
+        "latest_checkpointed_iteration.txt",
+        "global_step_40/actor/model/huggingface/config.json",
+        "global_step_40/actor/model/huggingface/model.safetensors",
+        "global_step_40/actor/transformer_config.json",
+        "global_step_40/actor/ckpt_contents.json",
+    }
+    assert _files(trials["KILLED"]) == killed

@@ -162,6 +162,71 @@ def test_the_gpu_attention_is_proven_by_import():
     assert cpu["ok"] and cpu["detail"].startswith("sdpa: torch ")
 
 
+# --- Transformer Engine, where a setting trains in FP8 ------------------------------------------
+
+
+@pytest.fixture
+def stand_in_te(tmp_path, monkeypatch):
+    """Put a stand-in ``transformer_engine`` first on the path: its ``pytorch`` module's source
+    is the argument (a real TE's loads its CUDA extension there); unloaded afterwards."""
+
+    def make(pytorch_source: str) -> None:
+        package = tmp_path / "site" / "transformer_engine"
+        (package / "pytorch").mkdir(parents=True)
+        (package / "__init__.py").write_text('__version__ = "2.9.0+a1b2c3d"\n')
+        (package / "pytorch" / "__init__.py").write_text(pytorch_source)
+        monkeypatch.syspath_prepend(str(tmp_path / "site"))
+
+    yield make
+    for name in [m for m in sys.modules if m.split(".")[0] == "transformer_engine"]:
+        del sys.modules[name]
+
+
+def fp8_need(profile: str) -> dict | None:
+    return training_nodes(profile)["fp8_training"]
+
+
+def test_fp8_training_is_probed_only_where_a_setting_trains_in_fp8():
+    assert list(fp8_need("h20x32")["modules"]) == [
+        "transformer_engine",
+        "transformer_engine.pytorch",
+    ]
+    for profile in ("h200x8", "this-machine"):  # fp8-e2e trains on FSDP in bf16 there
+        assert fp8_need(profile) is None
+        assert "not checked" in training.check_fp8_training(fp8_need(profile))["detail"]
+
+
+def test_a_node_without_transformer_engine_fails_with_the_fix():
+    if importlib.util.find_spec("transformer_engine") is not None:
+        pytest.skip("Transformer Engine is installed here")
+    verdict = training.check_fp8_training(fp8_need("h20x32"))
+    detail = failed_with_fix(verdict)
+    assert "No module named 'transformer_engine'" in detail
+    assert "transformer_engine.pytorch" not in detail  # the same cause, named once
+    assert "verl[megatron]==0.9.1" in verdict["fix"] and "torch 2.11.0" in verdict["fix"]
+
+
+def test_transformer_engine_whose_pytorch_extension_does_not_load_fails(stand_in_te):
+    """TE built against another torch imports, and fails where its extension loads."""
+    stand_in_te(
+        'raise ImportError("transformer_engine_torch.so: undefined symbol: _ZN3c1017RegisterOp")\n'
+    )
+    detail = failed_with_fix(training.check_fp8_training(fp8_need("h20x32")))
+    assert detail.endswith(
+        "transformer_engine.pytorch: ImportError: transformer_engine_torch.so: undefined "
+        "symbol: _ZN3c1017RegisterOp"
+    )
+
+
+def test_transformer_engine_that_loads_passes_with_its_version(stand_in_te):
+    stand_in_te("")
+    verdict = training.check_fp8_training(fp8_need("h20x32"))
+    assert verdict["ok"], verdict
+    assert verdict["detail"] == (
+        "FP8 training: transformer_engine 2.9.0+a1b2c3d, transformer_engine.pytorch import"
+    )
+
+
 # --- model folders ----------------------------------------------------------------------------
 
 

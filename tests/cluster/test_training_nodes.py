@@ -10,8 +10,9 @@ both are training nodes (where a job's workers run) and a real MLflow server.
   room on the share, and a gloo all-reduce across the two nodes, one rank each, the head's
   address the master's (sum 2).
 - The h20x32 spec fails on these CPU nodes, on each node and each probe, with its fix: no
-  ``nvidia-smi`` (driver, GPUs), no flash-attn (attention), vLLM, torch and flash-attn not the
-  versions pdmask pins (versions), and NCCL's all-reduce (a CPU build of torch).
+  ``nvidia-smi`` (driver, GPUs), no flash-attn (attention), no Transformer Engine (fp8: the
+  profile trains fp8-e2e in FP8), vLLM, torch and flash-attn not the versions pdmask pins
+  (versions), and NCCL's all-reduce (a CPU build of torch).
 
 What only a GPU shows (a driver's version, GPU memory, NCCL across hosts) is tested through the
 probes' decision functions in ``test_probe_rules.py`` and is GPU-unverified.
@@ -91,6 +92,7 @@ def test_a_gpu_profile_check_fails_on_cpu_nodes_naming_each_probe_and_its_fix(
         assert "nvidia-smi is not on this node's PATH" in checks["driver"]
         assert "nvidia-smi is not on this node's PATH" in checks["gpus"]
         assert "No module named 'flash_attn'" in checks["attention"]
+        assert "No module named 'transformer_engine'" in checks["fp8"]  # fp8-e2e trains in FP8
         for name, pinned in (("vllm", "0.24.0"), ("torch", "2.11.0"), ("flash-attn", "2.8.3")):
             here = installed(name) or "not installed"  # this machine's: a CPU build, or none
             assert f"{name} {here} (expected: {pinned})" in checks["versions"]
@@ -99,4 +101,4 @@ def test_a_gpu_profile_check_fails_on_cpu_nodes_naming_each_probe_and_its_fix(
         assert "R580" in node.checks["driver"]["fix"]
         assert "[gpu]" in node.checks["attention"]["fix"]
     problems = [str(p) for p in report.problems()]
-    assert len(problems) == 2 * 5 and all("Fix: " in p for p in problems)
+    assert len(problems) == 2 * (1 + len(TRAINING_CHECKS)) and all("Fix: " in p for p in problems)

@@ -85,3 +85,61 @@ def test_the_sweeps_disk_need_adds_the_largest_running_set_to_the_finished_trial
     assert need.peak_gb == pytest.approx(finished + 2 * (1099.2 - 122.1), abs=1)
     assert need.uncleaned_gb == pytest.approx(12 * 96.6 + 12 * 196.6 + 24 * 732.8, abs=2)
     assert {r.cost_basis for r in rows} == {"estimate"}
+
+
+MEGATRON = PAPER.model_copy(update={"training_engine": "megatron"})
+
+
+def test_a_megatron_save_is_hf_weights_and_the_distributed_optimizers_fp32_state():
+    """verl's Megatron checkpoint: the model slot is the HF export (bf16, 2 bytes; ``hf_model``
+    deduplicated with it), the optimizer's shards hold the fp32 main copy and Adam's m and v
+    (12 bytes), once per parameter over the data-parallel ranks: 14 bytes a parameter."""
+    params = MODELS["qwen3-30b-a3b-base"].shape.params_total()
+    megatron = save_bytes("qwen3-30b-a3b-base", engine="megatron")
+    assert megatron == params * (2 + 4 + 8)
+    assert save_bytes("qwen3-30b-a3b-base", hf_weights=True, engine="megatron") == megatron
+    assert megatron / 1e9 == pytest.approx(427.4, abs=0.1)
+    # the same model on FSDP: fp32 shards and Adam state, HF weights on top when asked
+    assert save_bytes("qwen3-30b-a3b-base") == params * 12
+    assert save_bytes("qwen3-30b-a3b-base", hf_weights=True) == megatron
+
+
+def test_a_megatron_trial_saves_keeps_and_waits_by_its_own_checkpoint():
+    fsdp = trial_cost("qwen3-30b-a3b-base", "h20x32", PAPER)
+    c = trial_cost("qwen3-30b-a3b-base", "h20x32", MEGATRON)
+    assert c.save_gb == pytest.approx(427.4, abs=0.1) and fsdp.save_gb == pytest.approx(366.4)
+    assert c.save_seconds == pytest.approx(15 * 427.4, rel=1e-3)  # 15 saves at 1 GB/s
+    assert c.running_disk_gb == pytest.approx(3 * 427.4, abs=0.2)
+    # a finished trial keeps its last save's HF weights (its model slot), whatever the profile
+    assert (c.finished_keeps, fsdp.finished_keeps) == ("hf-weights", "last-weights")
+    assert c.finished_disk_gb == pytest.approx(30.53 * 2, abs=0.1)
+    assert c.step_seconds == fsdp.step_seconds  # the step estimate is the engine's FLOPs alike
+
+
+def test_the_collective_timeout_follows_the_engines_save(monkeypatch):
+    assert collective_timeout("qwen3-30b-a3b-base", engine="megatron") == 1800  # the floor
+    monkeypatch.setattr(cost, "SHARE_WRITE_GB_PER_S", 0.1)
+    expected = 3 * save_bytes("qwen3-30b-a3b-base", engine="megatron") / 0.1e9
+    assert collective_timeout("qwen3-30b-a3b-base", engine="megatron") == int(expected)
+    assert int(expected) > collective_timeout("qwen3-30b-a3b-base")  # 14 bytes against 12
+    c = trial_cost("qwen3-30b-a3b-base", "h20x32", MEGATRON)
+    assert c.collective_timeout_s == int(expected)
+
+
+def test_the_paper_plans_fp8_e2e_cells_with_megatron_saves():
+    """On the paper's profile the job builder's workload says which engine trains each cell, so
+    the plan sizes the FP8 E2E cells' saves as Megatron's and the others as FSDP's."""
+    from pdmask.backends.verl.jobs import workload
+    from pdmask.registry import load_registry
+
+    trials = load_registry().expand("main-figure", backend="verl")
+    loads = {t.trial_hash: workload(t, "h20x32") for t in trials}
+    rows = {(r.model, r.precision): r for r in plan_rows(trials, "h20x32", workloads=loads)}
+    e2e, rollout = rows["qwen3-30b-a3b-base", "fp8-e2e"], rows["qwen3-30b-a3b-base", "fp8-rollout"]
+    assert {loads[t.trial_hash].training_engine for t in trials if t.precision == "fp8-e2e"} == {
+        "megatron"
+    }
+    assert e2e.save_gb == pytest.approx(427.4, abs=0.1)
+    assert rollout.save_gb == pytest.approx(366.4, abs=0.1)
+    assert (e2e.disk_finished_gb, rollout.disk_finished_gb) == (61.1, 122.1)
+    assert rows["qwen3-4b-base", "bf16"].save_gb == pytest.approx(48.3, abs=0.1)

@@ -24,6 +24,8 @@ Three kinds of leftovers pile up there, and each is removed only when nothing ca
   save's weights, the retention of ``registry/cost.py``: its HF weights where the save wrote
   them (``huggingface/*.safetensors``), else its model shards; its optimizer state and extra
   state, and every older save, go (verl resumes from them, and a finished trial never resumes).
+  A save of verl's Megatron engine keeps ``model/`` (its HF weights) and loses its
+  ``optimizer/`` and ``extra/`` folders.
 
 Nothing outside the state folder and the checkpoint root is touched: a candidate that is a
 symlink, or that resolves to a path outside them, is never a candidate. ``shutil.rmtree`` does
@@ -50,6 +52,9 @@ STEP_PREFIX = "global_step_"  # verl's save folders (checkpoint_manager.find_lat
 # verl 0.9.1 FSDP shards (fsdp_checkpoint_manager.py): what only a resume reads
 RESUME_ONLY = ("optim_world_size_", "extra_state_world_size_")
 MODEL_SHARDS = "model_world_size_"
+# verl 0.9.1's Megatron saves (megatron_checkpoint_manager.py, layout v2): the folders only a
+# resume reads (the optimizer's and the RNG states' dist_checkpointing shards)
+MEGATRON_RESUME_ONLY = ("optimizer", "extra")
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ def _prunable(trial: Path, root: Path) -> list[Path]:
         hf_weights = any((actor / "huggingface").glob("*.safetensors"))
         gone = RESUME_ONLY + ((MODEL_SHARDS,) if hf_weights else ())
         out += sorted(p for p in actor.iterdir() if p.is_file() and p.name.startswith(gone))
+        out += [actor / name for name in MEGATRON_RESUME_ONLY if _inside_state(actor / name, root)]
     return out
 
 

@@ -22,17 +22,38 @@ parallel). **Per trial**: steps x step time, plus validations (before training a
 (``STARTUP_SECONDS``: model load, vLLM start, the first weight sync) and the saves (checkpoint
 bytes over ``SHARE_WRITE_GB_PER_S``). Retries are not included.
 
-**Checkpoints** (verl 0.9.1's FSDP checkpoint: ``save_contents`` model, optimizer, extra): the
-fp32 model (4 bytes a parameter; verl's FSDP keeps fp32 master weights) plus Adam's m and v (8
-bytes), 12 bytes a parameter per save, plus 2 when the save also writes HF weights (``hf_model``).
+**Checkpoints**, what one save of the actor holds (``save_contents`` model, optimizer, extra), by
+the engine that trains it (``Workload.training_engine``):
+
+- verl 0.9.1's FSDP checkpoint: the fp32 model (4 bytes a parameter; verl's FSDP keeps fp32
+  master weights) plus Adam's m and v (8 bytes), 12 bytes a parameter, plus 2 when the save
+  also writes HF weights (``hf_model``).
+- verl 0.9.1's Megatron checkpoint (``utils/checkpoint/megatron_checkpoint_manager.py``, layout
+  v2, with the defaults pdmask keeps: ``use_dist_checkpointing=False``, Megatron-Bridge, the
+  distributed optimizer in ``dp_reshardable`` shards): ``model/huggingface/``, the weights in HF
+  format through the bridge (bf16, 2 bytes: the ``model`` slot *is* the HF weights, so
+  ``hf_model`` adds nothing, verl deduplicates it); ``optimizer/dist_ckpt/``, Megatron-Core's
+  distributed optimizer's state (``distrib_optimizer.py``): per parameter its fp32 main copy
+  and Adam's m and v in fp32 (12 bytes), each parameter's state held once, sharded over the
+  data-parallel ranks (the experts' over the expert-data-parallel ranks), every rank writing its
+  own shard; ``extra/``, RNG states and the transformer config (kilobytes). 14 bytes a parameter
+  with or without ``hf_model``. FP8 training changes none of it: Transformer Engine's block-wise
+  recipe quantizes inside the GEMMs and keeps the bf16 weights and the fp32 main copies (no
+  ``fp8_param_gather``), so neither the export nor the optimizer's shards hold FP8 tensors.
+
 A running trial holds ``max_actor_ckpt_to_keep`` saves plus the one being written; a finished
-trial keeps what its profile's retention policy says once ``pdm clean`` ran: its last save's
-model shards (4 bytes a parameter) or its HF weights (2).
+trial keeps what its profile's retention policy says once ``pdm clean`` ran
+(``finished_keeps``): on FSDP its last save's model shards (4 bytes a parameter) or its HF
+weights (2); on Megatron its HF weights (2) either way, the optimizer's and RNG states'
+folders going.
 
 **Collective timeout.** A save ends in a barrier over every rank: the ranks that finish first wait
 for the slowest. All ranks write at once, so the save takes ``bytes / SHARE_WRITE_GB_PER_S``;
 the timeout is three times that, at least ``COLLECTIVE_TIMEOUT_FLOOR`` (verl's FP8 MoE recipe
-sets 1,800 s, and torch's default for the process group verl 0.9.1 creates is 30 minutes).
+sets 1,800 s, and torch's default for the process group verl 0.9.1 creates is 30 minutes). On
+Megatron the save's bytes are the Megatron save's; Megatron-Core's own tensor-, data- and
+expert-parallel groups keep ``distributed_timeout_minutes``' 30 minutes (verl 0.9.1 passes none),
+which the paper's cells, at the floor, do not exceed.
 """
 
 from __future__ import annotations
@@ -41,7 +62,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pdmask.registry.catalog import CLUSTERS, MODELS
+from pdmask.registry.catalog import CLUSTERS, MODELS, TrainingEngine
 
 GB = 1e9
 MEAN_RESPONSE_TOKENS = 2250  # assumption: 1.5k early, 3k late (scale-path section 3)
@@ -55,6 +76,13 @@ SHARE_WRITE_GB_PER_S = 1.0  # assumption: the checkpoint share's aggregate write
 COLLECTIVE_TIMEOUT_FLOOR = 1800.0
 COLLECTIVE_TIMEOUT_SAFETY = 3.0
 MODEL_BYTES, ADAM_BYTES, HF_BYTES = 4, 8, 2  # per parameter: fp32 master, fp32 m + v, bf16
+# One save, bytes a parameter (module docstring): FSDP's fp32 model shards and Adam state (HF
+# weights on top when asked); Megatron's HF export and its optimizer's fp32 main copy and Adam
+# state, whatever is asked
+SAVE_BYTES: dict[TrainingEngine, int] = {
+    "fsdp": MODEL_BYTES + ADAM_BYTES,
+    "megatron": HF_BYTES + MODEL_BYTES + ADAM_BYTES,
+}
 
 
 def generation_mfu(kind: str) -> float:
@@ -78,6 +106,11 @@ class Workload(BaseModel):
     save_freq: int = Field(gt=0, description="Save every this many steps (and at the last).")
     checkpoints_kept: int = Field(gt=0, description="verl's `max_actor_ckpt_to_keep`.")
     hf_weights: bool = Field(False, description="Every save also writes HF weights.")
+    training_engine: TrainingEngine = Field(
+        "fsdp",
+        description="verl's engine that trains it (`catalog.training_engine`): what a save "
+        "holds and what a finished trial keeps.",
+    )
 
 
 def _kind(model: str) -> str:
@@ -94,10 +127,17 @@ def params(model: str) -> tuple[float, float]:
     return spec.params_total_b * 1e9, spec.params_active_b * 1e9
 
 
-def save_bytes(model: str, hf_weights: bool = False) -> float:
-    """Bytes of one verl FSDP save of the actor."""
+def save_bytes(model: str, hf_weights: bool = False, engine: TrainingEngine = "fsdp") -> float:
+    """Bytes of one verl save of the actor on ``engine`` (the module docstring)."""
     total, _ = params(model)
-    return total * (MODEL_BYTES + ADAM_BYTES + (HF_BYTES if hf_weights else 0))
+    extra_hf = HF_BYTES if hf_weights and engine == "fsdp" else 0  # Megatron's model slot is HF
+    return total * (SAVE_BYTES[engine] + extra_hf)
+
+
+def finished_keeps(retention: str, engine: TrainingEngine) -> str:
+    """What a finished trial keeps once ``pdm clean`` ran: the profile's ``finished_checkpoint``
+    on FSDP; on Megatron its HF weights, which are its saves' model weights."""
+    return "hf-weights" if engine == "megatron" else retention
 
 
 def saves(workload: Workload) -> int:
@@ -115,7 +155,9 @@ class TrialCost(BaseModel):
     save_seconds: float
     gpus: int
     gpu_hours: float
+    save_gb: float = Field(description="One save of the actor (`save_bytes`).")
     running_disk_gb: float = Field(description="Checkpoint bytes while the trial runs (peak).")
+    finished_keeps: str = Field(description="What it keeps after `pdm clean` (`finished_keeps`).")
     finished_disk_gb: float = Field(description="Checkpoint bytes it keeps after `pdm clean`.")
     uncleaned_disk_gb: float = Field(
         description="What verl leaves when nothing cleans: its kept saves."
@@ -127,9 +169,11 @@ def _seconds(flops: float, gpus: int, gpu_kind: str, mfu: float) -> float:
     return flops / (gpus * GPU_PEAK_TFLOPS[gpu_kind] * 1e12 * mfu)
 
 
-def collective_timeout(model: str, hf_weights: bool = False) -> int:
-    """Seconds a collective may wait (the barrier after a save), with the floor."""
-    save_s = save_bytes(model, hf_weights) / (SHARE_WRITE_GB_PER_S * GB)
+def collective_timeout(
+    model: str, hf_weights: bool = False, engine: TrainingEngine = "fsdp"
+) -> int:
+    """Seconds a collective may wait (the barrier after a save on ``engine``), with the floor."""
+    save_s = save_bytes(model, hf_weights, engine) / (SHARE_WRITE_GB_PER_S * GB)
     return int(max(COLLECTIVE_TIMEOUT_FLOOR, COLLECTIVE_TIMEOUT_SAFETY * save_s))
 
 
@@ -164,12 +208,14 @@ def trial_cost(
     if measured_step_seconds is not None:
         # the median step of verl's `timing_s/step`: a save falls on one step in `save_freq`
         step, basis = measured_step_seconds, "measured"
-    one_save = save_bytes(model, workload.hf_weights)
+    engine = workload.training_engine
+    one_save = save_bytes(model, workload.hf_weights, engine)
     save_s = saves(workload) * one_save / (SHARE_WRITE_GB_PER_S * GB)
     startup = STARTUP_SECONDS if peak is not None else 0.0
     total = workload.steps * step + val_s + startup + save_s
     total_params, _ = params(model)
-    kept = {"last-weights": MODEL_BYTES, "hf-weights": HF_BYTES}[profile.finished_checkpoint]
+    keeps = finished_keeps(profile.finished_checkpoint, engine)
+    kept = {"last-weights": MODEL_BYTES, "hf-weights": HF_BYTES}[keeps]
     return TrialCost(
         step_seconds=round(step, 1),
         basis=basis,
@@ -179,8 +225,10 @@ def trial_cost(
         save_seconds=round(save_s, 1),
         gpus=gpus,
         gpu_hours=round(gpus * total / 3600, 1),
+        save_gb=round(one_save / GB, 1),
         running_disk_gb=round((workload.checkpoints_kept + 1) * one_save / GB, 1),
+        finished_keeps=keeps,
         finished_disk_gb=round(total_params * kept / GB, 1),
         uncleaned_disk_gb=round(workload.checkpoints_kept * one_save / GB, 1),
-        collective_timeout_s=collective_timeout(model, workload.hf_weights),
+        collective_timeout_s=collective_timeout(model, workload.hf_weights, engine),
     )

@@ -1,7 +1,8 @@
 """The plan of a sweep: one row per trial with resources, cost, checkpoint disk and status.
 
 A trial's cost comes from ``cost.py``: the FLOP model's step estimate for a backend that states
-its workload (the VeRL job builder does), the median measured step of finished and running runs
+its workload (the VeRL job builder does, with the engine that trains it, whose checkpoint format
+sizes its saves), the median measured step of finished and running runs
 of the same model x precision x resources once they reported (``measured``), or, for a model
 without shapes or a backend without a workload, the catalog's hand-set step time. Each row says
 which (``cost_basis``).
@@ -49,6 +50,11 @@ class PlanRow(BaseModel):
         description="`estimate`: the FLOP model (registry/cost.py); `measured`: the median "
         "logged step of runs of the same model, precision and resources; `catalog`: the "
         "model's hand-set step time.",
+    )
+    save_gb: float = Field(
+        0.0,
+        description="One save of the actor, in its training engine's checkpoint format "
+        "(registry/cost.py: FSDP's or Megatron's).",
     )
     disk_running_gb: float = Field(
         0.0, description="Checkpoint disk while the trial runs (its kept saves + the next)."
@@ -113,6 +119,7 @@ def plan_rows(
                 est_gpu_hours=round(gpu_hours, 1),
                 step_seconds=step,
                 cost_basis=basis,
+                save_gb=cost.save_gb if cost else 0.0,
                 disk_running_gb=cost.running_disk_gb if cost else 0.0,
                 disk_finished_gb=cost.finished_disk_gb if cost else 0.0,
                 disk_uncleaned_gb=cost.uncleaned_disk_gb if cost else 0.0,

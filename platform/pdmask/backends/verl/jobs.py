@@ -42,7 +42,7 @@ from pdmask.errors import BackendUnavailable, Problem, ValidationFailed
 from pdmask.paths import state_dir
 from pdmask.registry import CLUSTERS, MODELS, PRECISIONS, Sweep, Trial
 from pdmask.registry.catalog import training_engine
-from pdmask.registry.cost import Workload, collective_timeout, save_bytes, trial_cost
+from pdmask.registry.cost import Workload, collective_timeout, trial_cost
 from pdmask.registry.engine_rules import EngineRefusal, Layout, rollout_layout
 from pdmask.registry.plan import DEFAULT_VERL_STEPS
 
@@ -101,6 +101,7 @@ def workload(trial: Trial, cluster: str, setup: PaperSetup | None = None) -> Wor
         save_freq=setup.save_freq,
         checkpoints_kept=setup.checkpoints_kept,
         hf_weights=CLUSTERS[cluster].finished_checkpoint == "hf-weights",
+        training_engine=training_engine(trial.precision, cluster),
     )
 
 
@@ -335,7 +336,8 @@ def _engine_and_checkpoint_keys(trial: Trial, cluster: str, rollout: Layout) -> 
     hf_weights = CLUSTERS[cluster].finished_checkpoint == "hf-weights"
     if hf_weights:
         keys[f"{_A}.checkpoint.save_contents"] = ["model", "optimizer", "extra", "hf_model"]
-    keys["actor_rollout_ref.nccl_timeout"] = collective_timeout(trial.model, hf_weights)
+    engine = training_engine(trial.precision, cluster)
+    keys["actor_rollout_ref.nccl_timeout"] = collective_timeout(trial.model, hf_weights, engine)
     return keys
 
 
@@ -440,7 +442,9 @@ def job_env_vars(
             # verl 0.9.1 reads no `nccl_timeout`: the plugin passes this on (collectives.py)
             COLLECTIVE_TIMEOUT_ENV: str(
                 collective_timeout(
-                    trial.model, CLUSTERS[cluster].finished_checkpoint == "hf-weights"
+                    trial.model,
+                    CLUSTERS[cluster].finished_checkpoint == "hf-weights",
+                    training_engine(trial.precision, cluster),
                 )
             ),
         }
@@ -533,10 +537,10 @@ def _training_plan(trial: Trial, cluster: str) -> dict[str, Any]:
 def _checkpoint_plan(trial: Trial, cluster: str, load: Workload) -> dict[str, Any]:
     cost = trial_cost(trial.model, cluster, load)
     return {
-        "save_gb": round(save_bytes(trial.model, load.hf_weights) / 1e9, 1),
+        "save_gb": cost.save_gb,
         "saves": math.ceil(load.steps / load.save_freq),
         "running_gb": cost.running_disk_gb,
-        "finished_keeps": CLUSTERS[cluster].finished_checkpoint,
+        "finished_keeps": cost.finished_keeps,
         "finished_gb": cost.finished_disk_gb,
         "collective_timeout_s": cost.collective_timeout_s,
     }

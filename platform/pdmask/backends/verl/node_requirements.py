@@ -22,6 +22,12 @@ build. verl 0.9.1 pins ``flash-attn==2.8.3`` for torch 2.11 / CUDA 13.0 (its
 same wheels, one per Python (``pyproject.toml``; ``tests/verl/test_node_requirements.py`` holds
 their tags to the versions here).
 
+**Transformer Engine.** FP8 training is TE's: Megatron-Core's FP8 context is
+``contextlib.nullcontext`` without it, a silent no-op, and ``transformer_engine.pytorch`` loads a
+CUDA library built against one torch, so an install that does not match the node's torch
+imports ``transformer_engine`` and fails there. So where some setting of the profile trains in
+FP8, every training node must import both (``TRANSFORMER_ENGINE``, the check's ``fp8`` probe).
+
 **CUDA and the driver.** vLLM 0.24.0 pins torch 2.11.0; both are CUDA 13.0 builds (vLLM's
 extension links ``libnvrtc.so.13``). A CUDA 13 build needs an R580 or newer NVIDIA driver
 (``MIN_DRIVER``, NVIDIA's minor-version-compatibility table).
@@ -43,8 +49,6 @@ FLASH_ATTN_VERSION = "2.8.3"  # verl 0.9.1's pin for torch 2.11 / CUDA 13.0
 # Bridge pinned there, megatron-core and Transformer Engine unpinned (every node the same).
 MEGATRON_BRIDGE_VERSION = "0.5.2"
 MEGATRON_PACKAGES = {"megatron-core": None, "megatron-bridge": MEGATRON_BRIDGE_VERSION}
-# FP8 training is Transformer Engine's: without it Megatron's FP8 context is a no-op
-FP8_TRAINING_PACKAGES = {"transformer-engine": None}
 
 # The oldest Linux driver that runs a CUDA major's builds (NVIDIA, "CUDA Compatibility": minor
 # version compatibility, CUDA 11 onwards). Keys: CUDA major versions.
@@ -82,6 +86,26 @@ FLASH_ATTENTION = Attention(
 SDPA = Attention("sdpa", "torch", ("torch",), "install torch (pip install -e '.[verl-cpu]')")
 
 
+@dataclass(frozen=True)
+class Fp8Training:
+    """What FP8 training imports on every training node, and what to do where it does not."""
+
+    package: str  # the distribution that brings it (its version: the ``versions`` check)
+    modules: tuple[str, ...]  # importable on every training node, or FP8 training never runs
+    fix: str
+
+
+TRANSFORMER_ENGINE = Fp8Training(
+    "transformer-engine",
+    # the package (its version), and its PyTorch extension, loaded against the node's torch
+    ("transformer_engine", "transformer_engine.pytorch"),
+    f"install Transformer Engine built for torch {TORCH_VERSION} / CUDA {CUDA_VERSION} on this "
+    "node (verl 0.9.1's megatron extra brings it: pip install 'verl[megatron]==0.9.1')",
+)
+# its version unpinned: every training node must only agree (the ``versions`` check)
+FP8_TRAINING_PACKAGES = {TRANSFORMER_ENGINE.package: None}
+
+
 def attention_for(device: str) -> Attention:
     """The attention a job on a cluster profile's ``device`` asks for."""
     return SDPA if device == "cpu" else FLASH_ATTENTION
@@ -92,17 +116,21 @@ def node_versions() -> dict[str, str]:
     return {"verl": VERL_VERSION}
 
 
+def trains_in_fp8(cluster: str) -> bool:
+    """Whether some setting of ``cluster`` trains in FP8 (on verl's Megatron engine)."""
+    from pdmask.registry.catalog import PRECISIONS
+
+    return any(PRECISIONS[p].megatron_fp8 for p in CLUSTERS[cluster].megatron_precisions)
+
+
 def megatron_packages(cluster: str) -> dict[str, str | None]:
     """The packages a training node needs where some setting of ``cluster`` trains on verl's
     Megatron engine (``catalog.training_engine``), Transformer Engine too where one trains in
     FP8: name -> version, None where every node must only agree."""
-    from pdmask.registry.catalog import PRECISIONS
-
-    megatron = CLUSTERS[cluster].megatron_precisions
-    if not megatron:
+    if not CLUSTERS[cluster].megatron_precisions:
         return {}
     needs = dict(MEGATRON_PACKAGES)
-    if any(PRECISIONS[p].megatron_fp8 for p in megatron):
+    if trains_in_fp8(cluster):
         needs.update(FP8_TRAINING_PACKAGES)
     return needs
 
@@ -113,7 +141,8 @@ def training_nodes(cluster: str) -> dict[str, Any]:
 
     ``packages``: name -> version, None where the submitter's own install is the reference (the
     CPU profile: nodes and submitter are one machine); ``gpus`` and ``min_driver``: None on a CPU
-    profile (not checked); ``collective``: the backend of the cross-node all-reduce."""
+    profile (not checked); ``fp8_training``: what FP8 training imports, None where no setting
+    trains in FP8; ``collective``: the backend of the cross-node all-reduce."""
     profile = CLUSTERS[cluster]
     on_gpu = profile.device != "cpu"
     attention = attention_for(profile.device)
@@ -137,5 +166,6 @@ def training_nodes(cluster: str) -> dict[str, Any]:
             else None
         ),
         "min_driver": dict(MIN_DRIVER) if on_gpu else None,
+        "fp8_training": asdict(TRANSFORMER_ENGINE) if trains_in_fp8(cluster) else None,
         "collective": "nccl" if on_gpu else "gloo",
     }

@@ -19,8 +19,8 @@ failure carries its ``fix``):
 - ``versions``: pdmask (its version and a digest of its source files, so that another commit or
   local edits are seen), verl, and on training nodes vLLM, torch and flash-attn, against the
   expected versions; a package with no expected version must be the same on every node;
-- ``driver``, ``gpus``, ``attention``, ``allreduce``: on the nodes where the jobs' workers run
-  (``probe_training.py``).
+- ``driver``, ``gpus``, ``attention``, ``fp8`` (Transformer Engine, where a setting trains in
+  FP8), ``allreduce``: on the nodes where the jobs' workers run (``probe_training.py``).
 """
 
 from __future__ import annotations
@@ -55,9 +55,10 @@ CHECKS = (
     "driver",
     "gpus",
     "attention",
+    "fp8",
     "allreduce",
 )
-TRAINING_CHECKS = ("driver", "gpus", "attention", "allreduce")
+TRAINING_CHECKS = ("driver", "gpus", "attention", "fp8", "allreduce")
 ROUND_TIMEOUT_S = 90.0  # a node whose task has not answered by then is reported as silent
 INSTALL = (
     "install the submitter's pdmask commit, with its extra, on every node (docs/cluster.md, "
@@ -178,6 +179,7 @@ def probe_node(spec: dict, node_id: str, ray_gpus: float, trains: bool) -> dict:
             driver=training.check_driver(need["min_driver"]),
             gpus=training.check_gpus(need["gpus"], ray_gpus),
             attention=training.check_attention(need["attention"]),
+            fp8=training.check_fp8_training(need.get("fp8_training")),
         )
     out["versions"] = check_versions(expected)
     return out

@@ -1,6 +1,7 @@
 """The probes of ``pdm cluster check`` that concern a node where a job's workers run (a training
 node: one with the spec's Ray resource, ``GPU``): its NVIDIA driver, its GPUs, the attention the
-jobs ask for, and an all-reduce across all such nodes.
+jobs ask for, Transformer Engine where a setting trains in FP8, and an all-reduce across all
+such nodes.
 
 Shipped next to ``probe.py`` in the check job's working directory and imported there, so
 it holds to the same rule: the standard library and Ray only at import time. torch is imported
@@ -170,16 +171,17 @@ def check_gpus(want: dict | None, ray_gpus: float) -> dict:
     return gpus_verdict(gpus, ray_gpus, want)
 
 
-# --- attention ---------------------------------------------------------------------------------
+# --- imports: attention, FP8 training -----------------------------------------------------------
 
 
-def check_attention(attention: dict) -> dict:
-    """Every module the jobs' attention implementation needs imports here (in a Ray worker, as
-    verl's actor would import it)."""
+def import_modules(names) -> tuple[list[str], list[str]]:
+    """Import each module here (in a Ray worker, as verl's workers would): the failures
+    (``name: error``; a submodule of a package that failed is not tried again, the same cause)
+    and what loaded (``name version`` where the module has one)."""
     failed, loaded = [], []
-    for name in attention["modules"]:
+    for name in names:
         if any(name.startswith(f"{bad.split(':')[0]}.") for bad in failed):
-            continue  # its package already failed: the same cause
+            continue
         try:
             module = importlib.import_module(name)
         except Exception as err:  # an ImportError, or an ABI mismatch of a compiled extension
@@ -187,6 +189,12 @@ def check_attention(attention: dict) -> dict:
         else:
             version = getattr(module, "__version__", None)
             loaded.append(f"{name} {version}" if version else name)
+    return failed, loaded
+
+
+def check_attention(attention: dict) -> dict:
+    """Every module the jobs' attention implementation needs imports here."""
+    failed, loaded = import_modules(attention["modules"])
     impl = attention["implementation"]
     if failed:
         return result(
@@ -195,6 +203,22 @@ def check_attention(attention: dict) -> dict:
             attention["fix"],
         )
     return result(True, f"{impl}: {', '.join(loaded)} import")
+
+
+def check_fp8_training(need: dict | None) -> dict:
+    """Where some setting trains in FP8 (``need``: the spec's ``fp8_training``), Transformer
+    Engine imports here, with its version, and so does its PyTorch extension, which loads TE's
+    CUDA library against this node's torch (without TE, Megatron's FP8 is a silent no-op)."""
+    if need is None:
+        return result(True, "not checked: no setting of this cluster profile trains in FP8")
+    failed, loaded = import_modules(need["modules"])
+    if failed:
+        return result(
+            False,
+            "a setting trains in FP8 (Transformer Engine), and on this node " + "; ".join(failed),
+            need["fix"],
+        )
+    return result(True, f"FP8 training: {', '.join(loaded)} import")
 
 
 # --- all-reduce --------------------------------------------------------------------------------
