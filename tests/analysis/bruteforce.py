@@ -10,9 +10,14 @@ import math
 
 import torch
 
+from pdmask.analysis.quantities import SECOND_ORDER_ETA
 
-def token_reference(z, k, topk_ids, topk_logprobs, mu_full_logprobs, mu_logp) -> dict[str, float]:
-    """Every quantity of one token from its logits ``z [V]`` and the behaviour's views."""
+
+def token_reference(
+    z, k, topk_ids, topk_logprobs, mu_full_logprobs, mu_logp, advantage=0.0
+) -> dict[str, float]:
+    """Every quantity of one token from its logits ``z [V]`` and the behaviour's views
+    (``advantage``: for pdm-2nd's prediction per unit step, ``2nd``)."""
     z = z.double()
     pi = torch.softmax(z, dim=0)
     n = z.shape[0]
@@ -39,10 +44,16 @@ def token_reference(z, k, topk_ids, topk_logprobs, mu_full_logprobs, mu_logp) ->
     log_pi = torch.log_softmax(z, dim=0)
     exact = float(pi[k] - mu_full[k]) + float((pi * (mu_full - pi)).sum())
     kl_full = float((mu_full * (mu_full_logprobs.double() - log_pi)).sum())
+    # Var(v) of pi with the tail as one token (v = e_k - p over S and the tail bucket)
+    lumped = [(pi_s[i], float(i == int(k)) - pi_s[i]) for i in support] + [(pi_tail, -pi_tail)]
+    mean_v = sum(p * v for p, v in lumped)
+    var_agg = sum(p * (v - mean_v) ** 2 for p, v in lumped)
+    agg = local + global_s + pi_tail * tail
     return {
         "kl_topk": kl,
         "ratio": pi_k / mu_k,
-        "agg": local + global_s + pi_tail * tail,
+        "agg": agg,
+        "2nd": agg + 0.5 * SECOND_ORDER_ETA * advantage * var_agg,
         "uni": local + global_s + pi_tail * tail / (n - m),
         "bucket": local + global_s + rho * tail,
         "exact": exact,
@@ -66,6 +77,7 @@ def reference_table(logits, setup, index) -> dict[tuple[int, int], dict[str, flo
                 gen.mu_topk_logprobs[seq, pos],
                 gen.mu_full_logprobs[seq, pos],
                 gen.mu_logp[seq, pos],
+                float(setup.advantages[seq, pos]),
             )
     return out
 

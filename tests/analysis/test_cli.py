@@ -52,7 +52,7 @@ def test_analysis_writes_tables_plot_and_mlflow_run_then_resumes(pdm_home, track
     assert "38 of 61" in report
     with open(folder / "per_seed.csv") as handle:
         rows = list(csv.DictReader(handle))
-    assert len(rows) == 2 * 2 * 10  # seeds x optimizers x (keep-all + nine tests)
+    assert len(rows) == 2 * 2 * 11  # seeds x optimizers x (keep-all + ten tests)
     assert {r["seed"] for r in rows} == {"0", "1"}
     with open(folder / "table.csv") as handle:
         table = list(csv.DictReader(handle))

@@ -12,6 +12,7 @@ from pdmask.analysis.quantities import (
     FREE_LOGIT_TESTS,
     KEEP_ALL,
     PREDICTIVE,
+    SECOND_ORDER_ETA,
     TESTS,
     fit_kernel_scale,
     measure_tokens,
@@ -36,10 +37,29 @@ def test_every_quantity_matches_the_float64_recomputation(measured):
             "kl_topk": q.kl_topk[row, pos],
             "ratio": q.ratio[row, pos],
             "kl_full": q.kl_full[row, pos],
-            **{name: q.ddot[name][row, pos] for name in ("agg", "uni", "bucket", "exact")},
+            **{name: q.ddot[name][row, pos] for name in ("agg", "uni", "bucket", "2nd", "exact")},
         }
         for name, value in got.items():
             assert float(value) == pytest.approx(ref[name], rel=2e-4, abs=2e-6), (row, pos, name)
+
+
+def test_the_second_order_test_is_pdm_2nds_mask(measured):
+    """``2nd`` masks what the shipped recipe masks, at the recipe's default eta."""
+    from pdmask.trust_region import apply_method
+    from tests.methods import method, project_recipes
+
+    delta, state, q, _ = measured
+    assert project_recipes()["pdm-2nd"].params["eta"].default == SECOND_ORDER_ETA
+    with torch.no_grad():
+        logits = state.setup.logits(state.index)
+        stats = state.setup.stats(logits, state.index, inputs=("second_order",))
+    valid = state.setup.valid[state.index]
+    advantages = state.setup.advantages[state.index]
+    recipe_mask = apply_method(
+        method("pdm-2nd", delta=delta), stats, advantages, valid, backend="sim"
+    ).mask
+    assert torch.equal(recipe_mask, q.mask("2nd"))
+    assert bool((q.mask("2nd") != q.mask("agg")).any())  # the second order decides somewhere
 
 
 def test_tail_estimators_really_differ_here(measured):

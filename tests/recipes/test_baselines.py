@@ -164,7 +164,9 @@ def sim_state(model_cache):
 
 
 @pytest.mark.parametrize("name,params", PARAMS)
-def test_sim_update_equals_the_reference(name, params, sim_state):
+def test_sim_update_equals_the_reference(name, params, sim_state, monkeypatch):
+    from pdmask.backends.sim import trainer
+    from pdmask.backends.sim.grpo import trainer_logits_and_hidden
     from pdmask.backends.sim.runtime import single_threaded
     from pdmask.backends.sim.state import TrialState
     from pdmask.backends.sim.trainer import _update
@@ -175,15 +177,16 @@ def test_sim_update_equals_the_reference(name, params, sim_state):
     gen = batch.generation
     captured = []
 
-    def keep_logits(module, args, out):  # a forward hook: the logits' gradient is kept
+    def keep_logits(*args):  # the trainer's logits of the update, their gradient kept
+        out, hidden = trainer_logits_and_hidden(*args)
         out.retain_grad()
         captured.append(out)
+        return out, hidden
 
+    monkeypatch.setattr(trainer, "trainer_logits_and_hidden", keep_logits)
     with single_threaded():
         state = TrialState(cfg)
-        hook = state.trainer.lm_head.register_forward_hook(keep_logits)
         metrics, _ = _update(state, batch, index, recipe_method(name, **params), step=1)
-        hook.remove()
     (logits,) = captured
     valid = batch.valid[index]
     mu = gen.mu_logp[index]

@@ -353,7 +353,7 @@ def test_recipe_code_problems_name_the_file_function_and_line(project):
     raised = problems["raises"]
     assert "KeyError" in raised.message and raised.line == line_of("raises", 'params["missing"]')
     random = problems["random_mask"]
-    assert random.field == "mask" and "not a function of its batch" in random.message
+    assert random.field == "mask" and "draws from torch's" in random.message
     assert random.line == line_of("random-mask", "def coin")
     fp8 = problems["fp8_only"]  # a branch that runs only under one precision is checked too
     assert fp8.field == "mask" and "fp8-rollout" in fp8.message, fp8

@@ -1,34 +1,58 @@
-"""The committed JSON Schemas (schemas/) are current, every shipped YAML names and satisfies its
-schema, and the schema's names (methods, models, precisions) refuse a file that uses others.
+"""The committed JSON Schemas (schemas/) are current for the files they name, every sweep and
+dashboard they name starts with its schema line and validates, and the schema's names (methods,
+models, precisions) refuse a file that uses others.
 
 Editors read the first line (`# yaml-language-server: $schema=...`) and mostly implement JSON
 Schema draft 7, pydantic emits 2020-12: each file is checked under both.
+
+A user's own recipe, sweep or dashboard changes no verdict here (README: "nothing else
+changes"): the committed schemas are held to the recipes, sweeps and dashboards they name, so a
+file they do not name yet is the user's, not a stale schema, until `pdm schema` names it.
+`pdm schema --check` (CI's) holds them to every file of the project.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import os
+import shutil
+import subprocess
+import sys
+from functools import cache
 from pathlib import Path
 
 import jsonschema
 import pytest
 import yaml
 
+from pdmask.cli.schema import FORMS, schema_line, schema_text, schemas
+from pdmask.registry.sweep_schema import named_files
+
 from .conftest import ROOT, pdm
-
-FORMS = {"sweep": "sweeps", "dashboard": "dashboards"}  # schema name -> folder of its files
-SHIPPED = [
-    (form, path) for form, folder in FORMS.items() for path in (ROOT / folder).glob("*.yaml")
-]
-
-
-def schema_line(form: str) -> str:
-    return f"# yaml-language-server: $schema=../schemas/{form}.schema.json"
 
 
 def committed(form: str) -> dict:
     return json.loads((ROOT / "schemas" / f"{form}.schema.json").read_text())
+
+
+def _named() -> dict[str, list[str]]:
+    return named_files({form: committed(form) for form in FORMS})
+
+
+# The sweeps and dashboards the committed schemas name (those the project shipped with them).
+NAMED = [
+    (form, ROOT / folder / f"{name}.yaml")
+    for form, folder in FORMS.items()
+    for name in _named()[folder.removesuffix("s")]
+    if (ROOT / folder / f"{name}.yaml").is_file()
+]
+
+
+@cache
+def current() -> dict[str, dict]:
+    """The schemas `pdm schema` would write now, for every file of the project."""
+    return schemas(ROOT)
 
 
 def validators(schema: dict) -> list[jsonschema.protocols.Validator]:
@@ -56,44 +80,43 @@ def errors(schema: dict, document: object) -> list[str]:
     ]
 
 
-def test_committed_schemas_are_what_pdm_schema_writes(tmp_path):
-    done = pdm("schema", "--out", str(tmp_path))
-    assert done.returncode == 0, done.stdout + done.stderr
-    written = sorted(p.name for p in tmp_path.iterdir())
-    assert written == sorted(p.name for p in (ROOT / "schemas").glob("*.json")), (
-        f"pdm schema writes {written}: run `pdm schema` and commit schemas/"
-    )
-    assert written == [f"{form}.schema.json" for form in sorted(FORMS)]
-    for name in written:
-        assert (tmp_path / name).read_text() == (ROOT / "schemas" / name).read_text(), (
-            f"schemas/{name} is stale (the models or the project's names changed): run "
-            "`pdm schema` and commit schemas/"
+def test_committed_schemas_are_what_pdm_schema_writes_for_the_files_they_name():
+    names = (ROOT / "schemas").glob("*.json")
+    assert sorted(p.name for p in names) == [f"{form}.schema.json" for form in sorted(FORMS)]
+    for form, body in schemas(ROOT, only=_named()).items():
+        assert schema_text(body) == (ROOT / "schemas" / f"{form}.schema.json").read_text(), (
+            f"schemas/{form}.schema.json is stale (the models, the catalog or a shipped recipe, "
+            "sweep or dashboard changed): run `pdm schema` and commit schemas/"
         )
 
 
-def test_the_schemas_name_the_projects_methods_models_and_precisions():
+def test_the_schemas_name_the_catalogs_models_and_precisions():
     from pdmask.registry import MODELS, PRECISIONS, load_registry
 
     defs = committed("sweep")["$defs"]
-    assert defs["Axis.method"]["enum"] == sorted(load_registry(ROOT).recipes)
+    assert set(defs["Axis.method"]["enum"]) <= set(load_registry(ROOT).recipes)
+    assert {"pdm-agg", "dppo-topk-kl", "grpo-clip-higher"} <= set(defs["Axis.method"]["enum"])
     assert defs["Axis.model"]["enum"] == sorted(MODELS)
     assert defs["Axis.precision"]["enum"] == sorted(PRECISIONS)
     panel = committed("dashboard")["$defs"]["PanelSpec"]["properties"]
     assert panel["model"]["enum"] == sorted(MODELS)
 
 
-@pytest.mark.parametrize(("form", "path"), SHIPPED, ids=lambda x: getattr(x, "name", x))
-def test_every_shipped_file_starts_with_its_schema_line_and_validates(form, path):
+@pytest.mark.parametrize(("form", "path"), NAMED, ids=lambda x: getattr(x, "name", x))
+def test_every_named_file_starts_with_its_schema_line_and_validates(form, path):
     first = path.read_text(encoding="utf-8").splitlines()[0]
     assert first == schema_line(form), f"{path.name}: the first line must be {schema_line(form)!r}"
     target = (path.parent / first.split("$schema=", 1)[1]).resolve()
     assert target.is_file(), f"{path.name} names {target}, which does not exist"
-    problems = errors(json.loads(target.read_text()), yaml.safe_load(path.read_text()))
+    # against what `pdm schema` writes now: a shipped sweep a user edited to run their own
+    # recipe is valid, and stays so once `pdm schema` has named it
+    problems = errors(current()[form], yaml.safe_load(path.read_text()))
     assert not problems, f"{path.name}:\n" + "\n".join(problems)
 
 
-def test_every_form_has_shipped_files():
-    assert {form for form, _ in SHIPPED} == set(FORMS)
+def test_the_schemas_name_shipped_files_of_every_form():
+    assert {form for form, _ in NAMED} == set(FORMS)
+    assert {"main-figure.yaml", "figure-1.yaml"} <= {path.name for _, path in NAMED}
 
 
 def _main_figure() -> dict:
@@ -224,3 +247,66 @@ def test_a_shipped_files_errors_still_name_its_line(project: Path):
         f"main-figure.yaml:{at + 1}: grid.union.0.product.0.method.0: unknown method 'pdm-nope'"
         in (done.stdout + done.stderr)
     )
+
+
+# -- a user's own files ----------------------------------------------------------------------
+
+
+def _readme_block(opening: str, after: str = "") -> str:
+    """The README's code block whose first line is ``opening`` (after the text ``after``)."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index(opening, text.index(after) if after else 0)
+    return text[start : text.index("```", start)]
+
+
+def users_files(project: Path) -> None:
+    """README's own example, as written: `recipes/hard_topk_kl.py` and `sweeps/mine.yaml`."""
+    recipe = _readme_block("# recipes/hard_topk_kl.py")
+    sweep = _readme_block("name: mine", after="Then use it in a sweep")
+    (project / "recipes" / "hard_topk_kl.py").write_text(recipe.split("\n", 1)[1])
+    (project / "sweeps" / "mine.yaml").write_text(sweep)
+
+
+OWN_SWEEP = """name: own
+description: a sweep of this project alone
+grid: {method: [own-method, pdm-agg], model: [qwen3-4b-base], precision: [bf16]}
+"""
+
+
+def test_pdm_schema_check_and_the_schema_line(project: Path):
+    assert pdm("schema", project=project).returncode == 0
+    assert pdm("schema", "--check", project=project).returncode == 0
+    (project / "recipes" / "own_method.py").write_text(OWN_RECIPE)
+    (project / "sweeps" / "own.yaml").write_text(OWN_SWEEP)
+    done = pdm("schema", "--check", project=project)
+    assert done.returncode == 1 and "sweep.schema.json is stale" in done.stderr, done.stderr
+    assert (project / "sweeps" / "own.yaml").read_text() == OWN_SWEEP  # --check writes nothing
+    done = pdm("schema", project=project)
+    assert done.returncode == 0 and "added the schema line to" in done.stdout, done.stdout
+    assert (project / "sweeps" / "own.yaml").read_text() == schema_line("sweep") + "\n" + OWN_SWEEP
+    assert pdm("schema", "--check", project=project).returncode == 0
+    assert pdm("validate", "own", project=project).returncode == 0  # the line is a comment
+
+
+@pytest.mark.slow
+def test_a_users_recipe_and_sweep_leave_these_tests_green(tmp_path: Path):
+    """README's example recipe and sweep dropped into a copy of the project (its tests too):
+    this module passes there, before `pdm schema` and after it."""
+    copy_ = tmp_path / "project"
+    for name in ("recipes", "sweeps", "dashboards", "schemas", "tests/registry"):
+        shutil.copytree(ROOT / name, copy_ / name)
+    for name in ("pyproject.toml", "README.md", "tests/__init__.py", "tests/conftest.py"):
+        shutil.copy(ROOT / name, copy_ / name)
+    users_files(copy_)
+    env = {**os.environ, "PDM_PROJECT": str(copy_), "PDM_HOME": str(copy_ / ".pdm")}
+    run = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
+    module = ["tests/registry/test_schema_files.py", "-k", "not users_recipe"]
+    for stage in ("before `pdm schema`", "after `pdm schema`"):
+        done = subprocess.run([*run, *module], cwd=copy_, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, (stage, done.stdout[-3000:])
+        assert " passed" in done.stdout.splitlines()[-1]
+        if stage.startswith("before"):
+            schema = [sys.executable, "-m", "pdmask", "schema"]
+            subprocess.run(schema, cwd=copy_, env=env, check=True, capture_output=True)
+            names = json.loads((copy_ / "schemas" / "sweep.schema.json").read_text())
+            assert "hard-topk-kl" in names["$defs"]["Axis.method"]["enum"]

@@ -1,10 +1,11 @@
-"""The synthetic task: vocabulary, rule-based reward, held-out split, warm-start data."""
+"""The synthetic task: vocabulary, rule-based reward, held-out split, warm-start data, and
+responses of variable length (attempts)."""
 
 from __future__ import annotations
 
 import torch
 
-from pdmask.backends.sim.task import DEFAULT_TASK, EOS, FIRST_DIGIT_TOKEN, PAD
+from pdmask.backends.sim.task import DEFAULT_TASK, EOS, EQUALS, FIRST_DIGIT_TOKEN, PAD
 
 
 def test_vocabulary_is_wide_enough_for_a_real_top20_truncation():
@@ -20,7 +21,48 @@ def test_correct_demonstrations_score_one_in_any_surface_form():
     responses = DEFAULT_TASK.demonstrations(a, b, g)
     assert responses.shape == (64, DEFAULT_TASK.response_len)
     assert torch.equal(DEFAULT_TASK.score(a, b, responses), torch.ones(64))
-    assert len(set(responses[:, :-1].flatten().tolist())) > 30  # many synonyms in use
+    assert len(set(responses[DEFAULT_TASK.is_digit(responses)].tolist())) > 30  # synonyms
+
+
+def test_demonstrations_make_a_long_tailed_number_of_attempts_drafts_wrong_the_last_right():
+    task = DEFAULT_TASK
+    g = torch.Generator().manual_seed(4)
+    a, b = task.sample_train(20_000, g)
+    demos = task.demonstrations(a, b, g)
+    lengths = (demos != PAD).sum(1)
+    counts = torch.bincount(lengths, minlength=task.response_len + 1).double() / len(lengths)
+    want = task.attempt_probs().double()  # P(r) ~ r^-2: 0.70, 0.18, 0.08, 0.04
+    got = counts[task.attempt_len :: task.attempt_len]
+    assert torch.allclose(got, want, atol=0.01), (got, want)
+    assert float(want[0]) > 0.65 and float(want[-1]) > 0.03  # mostly short, a tail of 4x
+    # every attempt but the last is a wrong draft closed by "="; the last is the answer
+    answer = task.answer(a, b)
+    for r in range(1, task.max_attempts + 1):
+        rows = demos[lengths == r * task.attempt_len][:, : r * task.attempt_len]
+        attempts = rows.view(rows.shape[0], r, task.attempt_len)
+        assert (attempts[:, :-1, -1] == EQUALS).all() and (attempts[:, -1, -1] == EOS).all()
+        digits = task.token_class(attempts[..., :-1])
+        right = answer[lengths == r * task.attempt_len]
+        assert (digits[:, -1] == right).all()
+        assert (digits[:, :-1] != right[:, None]).any(-1).all()  # each draft wrong somewhere
+
+
+def test_only_the_last_attempt_counts_and_only_a_well_formed_response_scores():
+    task = DEFAULT_TASK
+    a, b = torch.tensor([47, 47, 47, 47]), torch.tensor([58, 58, 58, 58])  # 105: 5, 0, 1
+
+    def digits(*ds):
+        return [FIRST_DIGIT_TOKEN + d for d in ds]
+
+    rows = [
+        digits(5, 0, 2) + [EQUALS] + digits(5, 0, 1) + [EOS],  # corrected: right
+        digits(5, 0, 1) + [EQUALS] + digits(5, 0, 2) + [EOS],  # right, then wrong: wrong
+        digits(5, 0, 1) + [EQUALS] + digits(5, 0) + [EOS, PAD],  # a short attempt: malformed
+        digits(5, 0, 1) + [EQUALS] + digits(5, 0, 1) + [EQUALS],  # no <eos>: truncated
+    ]
+    responses = torch.tensor(rows)
+    assert task.score(a, b, responses).tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert task.final_attempt(responses)[0].nonzero().squeeze(1).tolist() == [4, 5, 6]
 
 
 def test_wrong_digit_missing_eos_or_truncation_scores_zero():
@@ -36,11 +78,12 @@ def test_wrong_digit_missing_eos_or_truncation_scores_zero():
     assert DEFAULT_TASK.score(a, b, good[:, :2]).tolist() == [0.0, 0.0]
 
 
-def test_noisy_demonstrations_randomise_digits_at_the_given_rate():
+def test_noisy_demonstrations_randomise_the_last_attempts_digits_at_the_given_rate():
     g = torch.Generator().manual_seed(1)
     a, b = DEFAULT_TASK.sample_train(2000, g)
     noisy = DEFAULT_TASK.demonstrations(a, b, g, noise=0.4)
-    wrong = DEFAULT_TASK.token_class(noisy[:, :-1]) != DEFAULT_TASK.answer(a, b)
+    last = DEFAULT_TASK.token_class(noisy[DEFAULT_TASK.final_attempt(noisy)]).view(-1, 3)
+    wrong = last != DEFAULT_TASK.answer(a, b)
     assert 0.3 < float(wrong.float().mean()) < 0.42  # 0.4 * 9/10 = 0.36 expected
 
 
@@ -73,26 +116,11 @@ def test_the_llm_like_regime_has_two_forms_per_digit_and_a_long_thin_filler_tail
     g = torch.Generator().manual_seed(0)
     a, b = task.sample_train(20_000, g)
     demos = task.demonstrations(a, b, g)
-    fillers = demos >= task.first_filler
-    assert abs(float(fillers.float().mean()) - task.filler_rate) < 0.002  # 80k positions
+    fillers = demos >= task.first_filler  # ~120k response positions
     probs = task.filler_probs()  # Zipf: the most frequent filler is rare, the tail rarer still
     assert probs[0] < 0.2 and probs[-1] < probs[0] / 1000
+    assert abs(float(fillers.float().sum() / (demos != PAD).sum()) - task.filler_rate) < 0.002
     assert torch.equal(task.score(a, b, demos), (~fillers).all(1).float())  # a filler is wrong
     assert set(task.token_class(demos[fillers]).tolist()) == {10}
     right = torch.cat([FIRST_DIGIT_TOKEN + task.answer(a[:1], b[:1]), torch.tensor([[EOS]])], 1)
     assert task.score(a[:1], b[:1], right).tolist() == [1.0]
-
-
-def test_the_synonym_regime_draws_the_same_demonstrations_as_before_fillers_existed():
-    """No filler draw touches the generator when a task has no fillers (base models unchanged)."""
-    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
-    a, b = DEFAULT_TASK.sample_train(8, g1)
-    DEFAULT_TASK.sample_train(8, g2)
-    first = DEFAULT_TASK.demonstrations(a, b, g1, noise=0.4)
-    digits = DEFAULT_TASK.answer(a, b)
-    noisy = torch.rand(digits.shape, generator=g2) < 0.4
-    random_digits = torch.randint(0, 10, digits.shape, generator=g2)
-    digits = torch.where(noisy, random_digits, digits)
-    ranks = torch.multinomial(DEFAULT_TASK.synonym_probs(), digits.numel(), True, generator=g2)
-    expected = FIRST_DIGIT_TOKEN + ranks.view_as(digits) * 10 + digits
-    assert torch.equal(first[:, :-1], expected) and (first[:, -1] == EOS).all()

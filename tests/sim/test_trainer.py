@@ -33,6 +33,12 @@ PER_STEP = [
     "actor/pdm/ratio_p50",
     "actor/pdm/ratio_p99",
     "actor/pdm/mismatch_kl_topk",
+    "response_length/mean",
+    "response_length/p50",
+    "response_length/p90",
+    "response_length/max",
+    "response_length/min",
+    "response_length/clip_ratio",
     "perf/tokens_per_s",
 ]
 TIMING = {"perf/tokens_per_s", "sim/wall_s"}  # wall-clock: varies run to run

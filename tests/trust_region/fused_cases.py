@@ -8,9 +8,17 @@ from __future__ import annotations
 
 import torch
 
+from pdmask.trust_region import compute_token_stats
 from pdmask.trust_region.logits_pass import _ChunkedLogitsPass
+from pdmask.trust_region.stats import SECOND_ORDER
+
+try:
+    from .reference import token_reference
+except ImportError:  # imported by interpreted_triton_pass.py, a script beside this file
+    from reference import token_reference
 
 EPS32 = torch.finfo(torch.float32).eps
+SECOND_ORDER_FIELDS = ("tail_sum_cube", "var_v", "var_v_agg", "var_v_uni", "var_v_bucket")
 
 
 def reference(z64: torch.Tensor, sampled, support_ids):
@@ -120,3 +128,39 @@ def assert_matches_float64(c: dict) -> None:
     if not (c["entropy"] or c["support_grad"]):
         # g (e_y - pi) cancels nowhere here: every entry is within its own spacing
         assert errors["grad_spacings"] <= 1 + float32_terms / c["eps"], c
+
+
+def second_order_case(seed: int, n: int, vocab: int, k: int, dtype) -> dict:
+    """``compute_token_stats(inputs=("second_order",))`` on ``dtype`` logits through whichever
+    pass serves them, against the float64 reference (``reference.token_reference``) of the same
+    rounded logits: the largest absolute error of each second-order statistic."""
+    g = torch.Generator().manual_seed(seed)
+    z = (torch.randn(n, vocab, generator=g, dtype=torch.float64) * 3).to(dtype)
+    logmu = torch.log_softmax(z.double() + torch.randn(n, vocab, generator=g), -1)
+    top_lp, top_ids = logmu.topk(k, -1)
+    sampled = torch.multinomial(logmu.exp(), 1, generator=g).squeeze(1)
+    mu_k = logmu.gather(1, sampled[:, None]).squeeze(1)
+    stats = compute_token_stats(
+        z, sampled, top_ids, top_lp.float(), mu_k.float(), inputs=(SECOND_ORDER,)
+    )
+    errors = dict.fromkeys(SECOND_ORDER_FIELDS, 0.0)
+    for row in range(n):
+        # the reference of the float32 behaviour inputs the pass read
+        ref = token_reference(
+            z[row].double(), int(sampled[row]), float(mu_k[row].float()),
+            top_ids[row].tolist(), top_lp[row].float().double().tolist(),
+        )  # fmt: skip
+        for name in SECOND_ORDER_FIELDS:
+            got = float(getattr(stats, name)[row])
+            errors[name] = max(errors[name], abs(got - ref[name]))
+    lse_max = float(torch.logsumexp(z.double(), -1).abs().max())
+    return {"dtype": str(stats.var_v.dtype), "errors": errors, "lse_max": lse_max}
+
+
+def assert_second_order_matches_float64(c: dict) -> None:
+    """Every second-order statistic is a few float32 products of probabilities (each within
+    16 eps32 (1 + |lse|) relative, as the log-probs) summed to at most a few units: absolute."""
+    assert c["dtype"] == "torch.float32", c
+    tol = 8 * 16 * EPS32 * (1 + c["lse_max"])
+    for name, error in c["errors"].items():
+        assert error <= tol, (name, c)

@@ -1,5 +1,7 @@
 """Run pdmask's fused Triton logits pass on CPU in Triton's interpreter and print, as one JSON
-line, its largest errors against a float64 reference (``test_triton_pass.py`` asserts on them).
+line, its largest errors against a float64 reference (``test_triton_pass.py`` asserts on them):
+the pass's outputs and gradients, and the second-order statistics ``compute_token_stats`` builds
+from them.
 
 A script, not a test: ``TRITON_INTERPRET=1`` must be set before triton is first imported, so it
 runs in a fresh process. Each case goes through ``_ChunkedLogitsPass`` with the Triton kernels, the
@@ -16,9 +18,9 @@ import sys
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
-from fused_cases import case  # noqa: E402
+from fused_cases import case, second_order_case  # noqa: E402
 
-from pdmask.trust_region import triton_pass  # noqa: E402
+from pdmask.trust_region import logits_pass, triton_pass  # noqa: E402
 
 
 def main() -> int:
@@ -39,7 +41,11 @@ def main() -> int:
         case(triton_pass, 6, 11, 3000, 8, f32, entropy=True, support_grad=True, second_order=True),
         case(triton_pass, 7, 13, 3000, 8, bf16, entropy=True, support_grad=True, padded=96),
     ]
-    print(json.dumps(cases))
+    # compute_token_stats's second-order statistics as a GPU computes them: this script stands in
+    # for a GPU, so the pass takes the Triton kernels for the CPU tensors here
+    logits_pass.fused_kernels = lambda logits, chunk_size: triton_pass
+    second = second_order_case(8, 6, 3000, 20, bf16)
+    print(json.dumps({"cases": cases, "second_order": second}))
     return 0
 
 

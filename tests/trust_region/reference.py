@@ -77,6 +77,15 @@ def token_reference(
     s3 = float((pi**3).sum())
     vbar = pk - s2
     var_v = pk - 2 * pk * pk + s3 - vbar**2
+    tail_cube = math.fsum((pi[~in_s] ** 3).tolist())
+    # The tail as one token (agg) and as n - m equal tokens (uni): Var(v) of those distributions,
+    # v = e_k - p, summed token by token.
+    lumped = [pi_s[i] for i in ids] + [pi_tail]
+    is_k = [i == k for i in ids] + [False]
+    spread = [pi_s[i] for i in ids] + ([pi_tail / (n - m)] * (n - m) if n > m else [])
+    spread_k = [i == k for i in ids] + [False] * (n - m)
+    # The tail bucket's internal variance of pi_j under q_j = pi_j / pi_tail.
+    inside = tail_cube / pi_tail - (tail_sq / pi_tail) ** 2 if pi_tail > 0 else 0.0
     # TV derivative along +-v, by the formula with kinks contributing |dpi|.
     v = -pi.clone()
     v[k] += 1
@@ -109,9 +118,20 @@ def token_reference(
         "support_size": m,
         "sum_pi_sq": s2,
         "var_v": var_v,
+        "tail_sum_cube": tail_cube,
+        "var_v_agg": _variance_of_v(lumped, is_k),
+        "var_v_uni": _variance_of_v(spread, spread_k),
+        "var_v_bucket": var_v - mu_tail * inside,
         "tv_deriv_pos": 0.5 * (smooth + kink),
         "tv_deriv_neg": 0.5 * (-smooth + kink),
     }
+
+
+def _variance_of_v(p: list[float], is_k: list[bool]) -> float:
+    """Var_p(v) with v_i = 1[i = k] - p_i, by its definition, token by token."""
+    v = [float(hit) - pi for pi, hit in zip(p, is_k, strict=True)]
+    mean = math.fsum(pi * vi for pi, vi in zip(p, v, strict=True))
+    return math.fsum(pi * (vi - mean) ** 2 for pi, vi in zip(p, v, strict=True))
 
 
 def bucketed_kl(z: torch.Tensor, mu_s: dict[int, float], mu_tail: float) -> torch.Tensor:

@@ -14,7 +14,12 @@ import torch
 from pdmask.trust_region import compiled_pass
 from pdmask.trust_region.logits_pass import _ChunkedLogitsPass, chunked_logits_pass, fused_kernels
 
-from .fused_cases import assert_matches_float64, case
+from .fused_cases import (
+    assert_matches_float64,
+    assert_second_order_matches_float64,
+    case,
+    second_order_case,
+)
 
 pytestmark = pytest.mark.skipif(
     not compiled_pass.available(), reason="no C++ compiler: the chunked pass serves"
@@ -37,6 +42,15 @@ pytestmark = pytest.mark.skipif(
 def test_the_compiled_pass_equals_float64_forward_and_backward(args, flags):
     assert_matches_float64(case(compiled_pass, *args, **flags))
     assert compiled_pass.available(), compiled_pass._failure  # built, not the chunks' fallback
+
+
+def test_the_second_order_statistics_from_the_compiled_pass_equal_float64():
+    """``compute_token_stats(inputs=("second_order",))`` at a real LLM's width (the pass picks
+    the compiled kernels itself from ``MIN_VOCAB`` on) against the float64 reference."""
+    assert_second_order_matches_float64(
+        second_order_case(8, 4, compiled_pass.MIN_VOCAB, 20, torch.bfloat16)
+    )
+    assert compiled_pass.available(), compiled_pass._failure
 
 
 def test_the_chunked_pass_equals_float64_on_a_padded_vocabulary():

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pdmask.trust_region import compute_token_stats
+from pdmask.trust_region.stats import SECOND_ORDER
 
 from .cases import make_case
 from .reference import bucketed_kl, full_kl, support_of, token_reference
@@ -31,6 +32,10 @@ FIELDS = [
     "support_size",
     "sum_pi_sq",
     "var_v",
+    "tail_sum_cube",
+    "var_v_agg",
+    "var_v_uni",
+    "var_v_bucket",
     "tv_deriv_pos",
     "tv_deriv_neg",
 ]
@@ -63,11 +68,88 @@ def test_float64_matches_reference(seed):
         case.topk_ids,
         case.topk_logp,
         case.mu_logp,
-        second_order=True,
+        inputs=(SECOND_ORDER,),
         chunk_size=3,
     )
     assert stats.kl_topk.dtype == torch.float64
     assert_matches_reference(case, stats)
+    assert torch.equal(stats.token_id, case.sampled) and stats.token_id.dtype == torch.long
+
+
+def test_the_second_order_statistics_are_computed_only_when_asked_for():
+    case = make_case(0, vocab=64, k=5)
+    args = (case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp)
+    plain = compute_token_stats(*args)
+    names = ("tail_sum_cube", "var_v", "var_v_agg", "var_v_uni", "var_v_bucket")
+    assert all(getattr(plain, name) is None for name in names)
+    assert not set(names) & set(plain.tensors())
+    second = compute_token_stats(*args, inputs=(SECOND_ORDER,))
+    assert set(names) <= set(second.tensors())
+    for name in set(FIELDS) - set(names):  # asking for more changes nothing else
+        assert torch.equal(getattr(plain, name), getattr(second, name)), name
+
+
+def _second_derivative(f) -> float:
+    eta = torch.zeros((), dtype=torch.float64, requires_grad=True)
+    (d1,) = torch.autograd.grad(f(eta), eta, create_graph=True)
+    (d2,) = torch.autograd.grad(d1, eta)
+    return float(d2)
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_each_second_order_form_is_the_second_derivative_of_its_divergence(seed):
+    """``t ddot_X + t^2/2 var_v_X`` is the Taylor expansion of one divergence along the step:
+    ``var_v_bucket`` of D_t = KL_topK along the true ``v`` (autograd through the full softmax),
+    ``var_v_agg`` of the KL of the distribution with the tail as one token, ``var_v_uni`` with the
+    tail as ``n - m`` equal tokens, each moved along its own ``e_k - p`` (mu a distribution)."""
+    vocab = 40
+    case = make_case(seed, vocab=vocab, k=5, corrupt=False)
+    s = compute_token_stats(
+        case.logits,
+        case.sampled,
+        case.topk_ids,
+        case.topk_logp,
+        case.mu_logp,
+        inputs=(SECOND_ORDER,),
+    )
+    for row in range(case.logits.shape[0]):
+        k = int(case.sampled[row])
+        sup = support_of(
+            k,
+            float(case.mu_logp[row]),
+            case.topk_ids[row].tolist(),
+            case.topk_logp[row].tolist(),
+            vocab,
+        )
+        ids = sorted(sup)
+        mu_s = {i: math.exp(lp) for i, lp in sup.items()}
+        mu_tail = max(0.0, 1.0 - math.fsum(mu_s.values()))
+        z = case.logits[row]
+        pi = torch.softmax(z, -1)
+        v = -pi.clone()
+        v[k] += 1
+        bucket = _second_derivative(
+            lambda eta, z=z, v=v, mu_s=mu_s, mu_tail=mu_tail: bucketed_kl(
+                z + eta * v, mu_s, mu_tail
+            )
+        )
+        tail = torch.ones(vocab, dtype=torch.bool)
+        tail[ids] = False
+        pi_tail = pi[tail].sum()
+        mu_lumped = torch.tensor([mu_s[i] for i in ids] + [mu_tail], dtype=torch.float64)
+        for form, copies in (("agg", 1), ("uni", vocab - len(ids))):
+            # the collapsed distribution's logits: S as they are, the tail as `copies` equal tokens
+            zc = torch.cat([pi[ids].log(), (pi_tail / copies).log().expand(copies)])
+            muc = torch.cat([mu_lumped[:-1], (mu_lumped[-1] / copies).expand(copies)])
+            vc = -torch.softmax(zc, -1)
+            vc[ids.index(k)] += 1
+            want = _second_derivative(
+                lambda eta, zc=zc, muc=muc, vc=vc: full_kl(zc + eta * vc, muc)
+            )
+            got = float(getattr(s, f"var_v_{form}")[row])
+            assert math.isclose(got, want, rel_tol=1e-8, abs_tol=1e-12), (form, row, got, want)
+        got = float(s.var_v_bucket[row])
+        assert math.isclose(got, bucket, rel_tol=1e-7, abs_tol=1e-11), (row, got, bucket)
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -147,7 +229,7 @@ def test_full_vocab_derivative_and_second_order(seed):
             torch.tensor([ids]),
             logmu[ids][None],
             logmu[k][None],
-            second_order=True,
+            inputs=(SECOND_ORDER,),
         )
         v = -pi.clone()
         v[k] += 1
@@ -243,7 +325,7 @@ def test_real_qwen_width_few_tokens():
     topk_logp, topk_ids = logmu.topk(k, -1)
     sampled = torch.tensor([int(topk_ids[0, 3]), 17, 123_456])
     mu_logp = logmu.gather(1, sampled[:, None]).squeeze(1)
-    s = compute_token_stats(z, sampled, topk_ids, topk_logp, mu_logp, second_order=True)
+    s = compute_token_stats(z, sampled, topk_ids, topk_logp, mu_logp, inputs=(SECOND_ORDER,))
     for row in range(n):
         ref = token_reference(
             z[row],

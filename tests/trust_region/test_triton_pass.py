@@ -20,7 +20,7 @@ import torch
 
 from pdmask.trust_region.logits_pass import fused_kernels
 
-from .fused_cases import assert_matches_float64
+from .fused_cases import assert_matches_float64, assert_second_order_matches_float64
 
 HERE = Path(__file__).resolve().parent
 PLATFORM = HERE.parents[1] / "platform"
@@ -49,9 +49,14 @@ def interpreted_cases():
 
 
 def test_the_fused_pass_equals_float64_forward_and_backward(interpreted_cases):
-    assert [c["n"] for c in interpreted_cases] == [37, 9, 5, 0, 23, 23, 11, 13]
-    for c in interpreted_cases:
+    cases = interpreted_cases["cases"]
+    assert [c["n"] for c in cases] == [37, 9, 5, 0, 23, 23, 11, 13]
+    for c in cases:
         assert_matches_float64(c)
+
+
+def test_the_second_order_statistics_from_the_fused_pass_equal_float64(interpreted_cases):
+    assert_second_order_matches_float64(interpreted_cases["second_order"])
 
 
 def test_the_fused_kernels_compile_for_hopper():

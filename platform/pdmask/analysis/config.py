@@ -19,7 +19,7 @@ from pdmask.errors import ConfigError, ValidationFailed, validation_problems
 
 # Bump when the protocol or the recorded quantities change: cached seeds of older versions are
 # then ignored instead of being mixed into a new table.
-ANALYSIS_VERSION = 5  # 5: the kernel-aware direction tests
+ANALYSIS_VERSION = 6  # 6: pdm-2nd's second-order test; responses of variable length
 
 OptimizerName = Literal["adamw", "sgd"]
 

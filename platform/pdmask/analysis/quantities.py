@@ -2,7 +2,9 @@
 
 For every response token: ``D_t`` (top-K KL, the proximity statistic), ``r_t``, the advantage, the
 three top-K estimators of ``Ddot`` from the math API and the exact full-vocabulary ``Ddot`` (known
-here because the sim keeps the behaviour distribution whole). A token is *out of region* when
+here because the sim keeps the behaviour distribution whole), and ``2nd``, the second-order
+prediction of ``pdm-2nd`` (``t Ddot_agg + t^2/2 var_v_agg``, ``t = eta A``, ``eta`` its default:
+``SECOND_ORDER_ETA``). A token is *out of region* when
 ``D_t > delta`` and ``A_t != 0``. Each direction test predicts whether the token's own update
 pushes ``D_t`` up; a test's mask zeroes exactly the out-of-region tokens it predicts to grow, as the
 methods do (``dppo-topk-kl`` = ``ratio``, ``pdm-agg`` = ``agg``, ...; ``exact`` is the oracle no
@@ -27,9 +29,12 @@ import torch
 
 from pdmask.analysis.own_gradient import OWN_TESTS, own_gradient_predictions
 from pdmask.trust_region import KernelTerms, TokenStats, direction_test, proximity_test
+from pdmask.trust_region.stats import SECOND_ORDER
 
-FREE_LOGIT_TESTS = ("ratio", "agg", "uni", "bucket", "exact")
-"""The ratio test, the three top-K estimators of Ddot and the exact derivative."""
+FREE_LOGIT_TESTS = ("ratio", "agg", "uni", "bucket", "2nd", "exact")
+"""The ratio test, the three top-K estimators of Ddot, the second-order prediction and the exact
+derivative."""
+SECOND_ORDER_ETA = 0.1  # = recipes/pdm_2nd.py's default eta (tests/analysis checks)
 KERNEL_TESTS = ("gram", "kernel", *OWN_TESTS)
 """The tests that see the network (module docstring)."""
 TESTS = FREE_LOGIT_TESTS + KERNEL_TESTS
@@ -82,6 +87,10 @@ def token_quantities(
     valid = valid.bool()
     adv = advantages.to(stats.ratio.dtype)
     grows = {name: direction_test(api, stats, adv) for name, api in API_DIRECTION.items()}
+    # pdm-2nd's prediction t Ddot_agg + t^2/2 var_v_agg, per unit of t = eta A: A * it > 0 iff
+    # the prediction is (so it reads like the derivatives: A * value > 0 means "grows")
+    second = stats.ddot_agg + 0.5 * SECOND_ORDER_ETA * adv * stats.var_v_agg
+    grows["2nd"] = adv * second > 0
     grows["exact"] = adv * exact_ddot.to(adv.dtype) > 0
     outside = proximity_test("kl_topk", stats, adv, delta=delta)
     return TokenQuantities(
@@ -94,6 +103,7 @@ def token_quantities(
             "agg": stats.ddot_agg.detach(),
             "uni": stats.ddot_uni.detach(),
             "bucket": stats.ddot_bucket.detach(),
+            "2nd": second,
             "exact": exact_ddot,
         },
         grows={k: v & valid for k, v in grows.items()},
@@ -110,7 +120,7 @@ def measure_tokens(
         logits, hidden = setup.logits_and_hidden(index)
         exact = setup.exact(logits, index)
         q = token_quantities(
-            setup.stats(logits, index),
+            setup.stats(logits, index, inputs=(SECOND_ORDER,)),
             exact.kl,
             exact.ddot,
             setup.advantages[index],

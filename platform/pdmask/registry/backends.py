@@ -57,7 +57,14 @@ SIM = BackendSpec(
     summary="the embedded CPU trainer: real GRPO on a small transformer, any machine",
     runtime="pdmask.backends.sim.backend:BACKEND",
     supplies=frozenset(
-        {"behaviour_topk", "behaviour_full", "entropy", "support_log_probs", "output_kernel"}
+        {
+            "behaviour_topk",
+            "behaviour_full",
+            "entropy",
+            "support_log_probs",
+            "second_order",
+            "output_kernel",
+        }
     ),
     # Its behaviour copy is the rollout engine itself: there is no separate old-policy forward.
     mu_sources=("rollout",),
@@ -70,7 +77,7 @@ VERL = BackendSpec(
     name="verl",
     summary="VeRL training jobs (vLLM rollouts) submitted as Ray Jobs to a cluster",
     runtime="pdmask.backends.verl.backend:BACKEND",
-    supplies=frozenset({"behaviour_topk", "entropy", "support_log_probs"}),
+    supplies=frozenset({"behaviour_topk", "entropy", "support_log_probs", "second_order"}),
     mu_sources=("rollout", "recompute"),
     launch=Launch.RAY_JOBS,
     occupies=Occupies.CLUSTER_GPUS,

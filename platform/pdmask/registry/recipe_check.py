@@ -16,16 +16,22 @@ Each batch has responses of different lengths (one of a single token) and advant
 signs, and is checked under every precision setting (``batch.precision``: a branch that runs only
 under ``fp8-rollout`` is checked too). A recipe passes when its mask is a bool ``[B, T]``, its loss
 a ``[B, T]`` tensor of the batch's dtype that is finite on every valid token and carries a finite
-gradient to the policy's log-probs, and both are functions of the batch: a second call on the same
+gradient to the policy's log-probs, and both are functions of the batch: they draw nothing from
+a global random generator (torch's, Python's ``random``, numpy's), and a second call on the same
 batch returns the same mask and loss (a random mask would make a run irreproducible and its
-masked share meaningless). Every problem names the recipe file, the function (``mask``/``loss``)
-and its line.
+masked share meaningless; a draw seeded from the batch, e.g. a ``torch.Generator`` seeded from
+``batch.token_id``, is a function of it). A write into the batch's tensors is refused by the
+hooks themselves (``Recipe.method``), here as in training. Every problem names the recipe file,
+the function (``mask``/``loss``) and its line.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+import pickle
+import random
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -60,6 +66,7 @@ def synthetic_batch(
     import torch
 
     from pdmask.trust_region import compute_token_stats, kernel_terms
+    from pdmask.trust_region.logits_pass import compute_dtype
     from pdmask.trust_region.stats import OUTPUT_KERNEL
 
     inputs = tuple(inputs)
@@ -72,10 +79,13 @@ def synthetic_batch(
     sampled = torch.multinomial(mu_logp.exp().reshape(-1, _VOCAB), 1, generator=gen).reshape(b, t)
     top_lp, top_ids = mu_logp.topk(_TOPK, -1)
     mu_k = mu_logp.gather(-1, sampled[..., None]).squeeze(-1)
-    advantages = torch.where(valid, torch.tensor(_ADVANTAGES, dtype=dtype)[:, None], 0.0)
+    # The behaviour's log-probs and the advantages in float32 whatever the logits (verl's are:
+    # vLLM's log-probs, the trainer's advantages); float64 in a float64 batch.
+    wide = compute_dtype(dtype)
+    advantages = torch.where(valid, torch.tensor(_ADVANTAGES, dtype=wide)[:, None], 0.0)
     leaf = logits.clone().requires_grad_(True)
     stats = compute_token_stats(
-        leaf, sampled, top_ids, top_lp.to(dtype), mu_k.to(dtype), inputs=inputs
+        leaf, sampled, top_ids, top_lp.to(wide), mu_k.to(wide), inputs=inputs
     )
     if OUTPUT_KERNEL in inputs:  # the embedded backend's lm-head input and weight
         hidden = torch.randn(b, t, 8, generator=gen, dtype=torch.float64).to(dtype)
@@ -132,9 +142,56 @@ def _check(recipe: Recipe, params: Mapping[str, Any]) -> list[Problem]:
     return []
 
 
-def _apply(method, layout: str, dtype_name: str, precision: str):
+def _global_generators() -> dict[str, bytes]:
+    """The state of every global random generator a recipe could draw from, by name."""
+    import torch
+
+    states = {  # torch's as raw bytes: a pickled tensor holds a serialization id of its own
+        "torch": torch.get_rng_state().numpy().tobytes(),
+        "random": pickle.dumps(random.getstate()),
+    }
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        states["numpy"] = pickle.dumps(numpy.random.get_state())
+    return states
+
+
+def _watched(hook: Callable | None, kind: str, drew: dict[str, str]) -> Callable | None:
+    """``hook``, recording in ``drew[kind]`` which global generator a call draws from."""
+    if hook is None:
+        return None
+
+    def watched(batch):
+        before = _global_generators()
+        try:
+            return hook(batch)
+        finally:
+            after = _global_generators()
+            moved = [name for name, state in before.items() if after.get(name) != state]
+            if moved:
+                drew.setdefault(kind, moved[0])
+
+    return watched
+
+
+_GENERATOR_CALLS = {
+    "torch": "torch's (torch.rand, torch.randn, torch.multinomial, ... without a generator)",
+    "random": "Python's (the random module)",
+    "numpy": "numpy's (numpy.random)",
+}
+
+
+def _apply(
+    method, layout: str, dtype_name: str, precision: str, drew: dict[str, str] | None = None
+):
     from pdmask.trust_region import apply_method
 
+    if drew is not None:
+        method = replace(
+            method,
+            mask=_watched(method.mask, "mask", drew),
+            loss=_watched(method.loss, "loss", drew),
+        )
     data = synthetic_batch(layout, dtype_name, inputs=method.needs)
     out = apply_method(
         method,
@@ -165,12 +222,22 @@ def _check_one(recipe: Recipe, method, layout: str, dtype_name: str, precision: 
 
     where = f"on a synthetic {layout} batch ({dtype_name}, {precision})"
     loss_line = recipe.line_of(recipe.loss)
+    drew: dict[str, str] = {}
     try:
-        data, out = _apply(method, layout, dtype_name, precision)
+        data, out = _apply(method, layout, dtype_name, precision, drew)
         _, again = _apply(method, layout, dtype_name, precision)
     except RecipeError as err:
         p = err.problem
         return Problem(p.file, p.field, f"{p.message} {where}", p.line)
+    for kind, generator in drew.items():
+        return Problem(
+            recipe.origin,
+            kind,
+            f"draws from {_GENERATOR_CALLS[generator]} global random generator {where}: a mask or "
+            "loss must be a function of its batch (seed a torch.Generator from the batch, e.g. "
+            "from batch.token_id, or drop the draw)",
+            recipe.line_of(getattr(recipe, kind)),
+        )
     for kind, first, second, line in (
         ("mask", out.mask, again.mask, recipe.line_of(recipe.mask)),
         ("loss", out.token_loss.detach(), again.token_loss.detach(), loss_line),

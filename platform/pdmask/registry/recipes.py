@@ -47,6 +47,8 @@ KNOWN_INPUTS = {
     "entropy": "per-token entropy H(pi_t), differentiable (`batch.entropy`)",
     "support_log_probs": "log pi over S = TopK(mu) + {y} and the tail's mass, differentiable "
     "(`batch.support`)",
+    "second_order": "the tail's sum of pi^3 and Var_pi(v), exact and in agg, uni and bucket "
+    "forms (`batch.stats.var_v`, `var_v_agg`, `var_v_uni`, `var_v_bucket`, `tail_sum_cube`)",
     "output_kernel": "|h|^2 and the output-embedding kernel term gram_agg per token "
     "(`batch.stats.kernel`, from the lm head's input and weight)",
 }
@@ -108,6 +110,15 @@ LossFn = Callable[..., Any]
 """A recipe's own per-token loss: ``fn(batch: RecipeBatch) -> [B, T]`` in ``batch.dtype``."""
 
 ParamKind = Literal["float", "int", "str", "bool"]
+
+_WRITES = (
+    "writes into its batch in place: {} (a recipe's inputs are the backend's own tensors and "
+    "read-only: compute a new tensor, e.g. `batch.advantages * 2`, not `batch.advantages.mul_(2)`)"
+)
+
+
+def _names(inputs: list[str]) -> str:
+    return ", ".join(f"batch.{name}" for name in inputs)
 
 
 class Param(BaseModel):
@@ -422,8 +433,10 @@ class Recipe(BaseModel):
         if fn is None:
             return None
         from pdmask.trust_region import hook_output_problem
+        from pdmask.trust_region.write_guard import versions, written
 
         def hook(batch: RecipeBatch):
+            before = versions(batch)
             try:
                 out = fn(batch)
             except RecipeError:
@@ -432,6 +445,16 @@ class Recipe(BaseModel):
                 line = self._line_in(err.__traceback__) or self.line_of(fn)
                 message = f"raised {type(err).__name__}: {err}"
                 raise RecipeError(Problem(self.origin, kind, message, line)) from err
+            changed = written(batch, before)
+            if changed:
+                raise RecipeError(
+                    Problem(
+                        self.origin,
+                        kind,
+                        _WRITES.format(_names(changed)),
+                        self._write_line(fn, batch),
+                    )
+                )
             problem = hook_output_problem(kind, out, batch)
             if problem is not None:
                 raise RecipeError(Problem(self.origin, kind, problem, self.line_of(fn)))
@@ -439,6 +462,14 @@ class Recipe(BaseModel):
 
         hook.__name__ = hook.__qualname__ = f"{self.name}.{kind}"
         return hook
+
+    def _write_line(self, fn, batch: RecipeBatch) -> int | None:
+        """The line of ``fn``'s first in-place write into its batch (else where ``fn`` is)."""
+        from pdmask.trust_region.write_guard import first_write
+
+        caught = first_write(fn, batch)
+        line = None if caught is None else self._line_in(caught.__traceback__)
+        return line or self.line_of(fn)
 
     def _line_in(self, tb) -> int | None:
         """The deepest line of the recipe's file in a traceback."""

@@ -30,9 +30,10 @@ class SimKnobs(BaseModel):
     task: TaskName = Field(
         "synonyms",
         description="Task regime (pdmask.backends.sim.task.TASKS): synonyms (102 tokens per "
-        "digit; the base models' top-20 view holds a median 44 % of the mass) or llm-like (two "
-        "forms per digit and 4,071 rare filler tokens: a median 99.1 %, with a long thin tail, "
-        "like an LLM's). Each regime has its own base models.",
+        "digit; the base models' top-20 view holds about half the mass) or llm-like (two forms "
+        "per digit and 4,071 rare filler tokens: over 99 %, with a long thin tail, like an "
+        "LLM's). Both answer in 1 to 4 attempts (4 to 16 tokens, long-tailed). Each regime has "
+        "its own base models.",
     )
     lr: float | None = Field(
         None,

@@ -20,6 +20,7 @@ and 2020-12 (what pydantic emits).
 from __future__ import annotations
 
 import typing
+from collections.abc import Collection
 from typing import Any
 
 from pdmask.registry.backends import BACKENDS
@@ -34,17 +35,42 @@ SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCALAR = {"type": ["string", "number", "boolean", "null"]}  # = sweeps.value_problem
 
 
-def project_names(registry: Registry) -> dict[str, list[str]]:
-    """The names a sweep or dashboard file may use in this project, sorted (stable files)."""
+def project_names(
+    registry: Registry, only: dict[str, Collection[str]] | None = None
+) -> dict[str, list[str]]:
+    """The names a sweep or dashboard file may use in this project, sorted (stable files).
+    ``only``: keep only these of the project's recipes (``method``), sweeps and dashboards (the
+    names a committed schema holds: the shipped files, whatever a user added since)."""
+    recipes = {n: r for n, r in registry.recipes.items() if only is None or n in only["method"]}
+    sweeps = {*registry.sweeps, *registry.broken_sweeps}
     return {
-        "method": sorted(registry.recipes),
+        "method": sorted(recipes),
         "model": sorted(MODELS),
         "precision": sorted(PRECISIONS),
         "mu_source": list(typing.get_args(Trial.model_fields["mu_source"].annotation)),
         "backend": sorted(BACKENDS),
-        "param": sorted({p for recipe in registry.recipes.values() for p in recipe.params}),
-        "sweep": sorted({*registry.sweeps, *registry.broken_sweeps}),
-        "dashboard": sorted(registry.dashboards),
+        "param": sorted({p for recipe in recipes.values() for p in recipe.params}),
+        "sweep": sorted(n for n in sweeps if only is None or n in only["sweep"]),
+        "dashboard": sorted(
+            n for n in registry.dashboards if only is None or n in only["dashboard"]
+        ),
+    }
+
+
+def named_files(schemas: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """The recipes, sweeps and dashboards the schemas (``{"sweep": ..., "dashboard": ...}``, as
+    ``pdm schema`` wrote them) name: what the project shipped when they were written."""
+    sweep = schemas.get("sweep", {})
+    return {
+        "method": sweep.get("$defs", {}).get("Axis.method", {}).get("enum", []),
+        "sweep": schemas.get("dashboard", {})
+        .get("properties", {})
+        .get("sweep", {})
+        .get("examples", []),
+        "dashboard": sweep.get("properties", {})
+        .get("figures", {})
+        .get("items", {})
+        .get("enum", []),
     }
 
 
@@ -164,9 +190,8 @@ def retype(schema: dict[str, Any], path: tuple[str | int, ...], **changes: Any) 
     node.update(changes)
 
 
-def sweep_json_schema(registry: Registry) -> dict[str, Any]:
-    """The JSON Schema of ``registry``'s sweep files (see the module docstring)."""
-    names = project_names(registry)
+def sweep_json_schema(names: dict[str, list[str]]) -> dict[str, Any]:
+    """The JSON Schema of sweep files using ``names`` (``project_names``; the module docstring)."""
     values = axis_values(names)
     schema = {"$schema": SCHEMA_DIALECT, **Sweep.model_json_schema()}
     schema["$defs"].update(grid_defs(values))

@@ -22,6 +22,9 @@ Direction (derivative of KL(mu || softmax(z + eta v)) at 0, ``v = e_k - pi``)::
     Ddot_uni    = ... + pi_tail (mu_tail - pi_tail) / (n - m)
     Ddot_bucket = ... + rho_tail (mu_tail - pi_tail),  rho_tail = sum_{j∉S} pi_j^2 / pi_tail
     Var_pi(v)   = sum_i pi_i v_i^2 - (pi_k - sum_i pi_i^2)^2  (second derivative, >= 0)
+    var_v_X     = the second derivative of the divergence Ddot_X differentiates: the tail as one
+                  token (agg), as n - m equal tokens (uni), D_t exactly (bucket: Var_pi(v) less
+                  mu_tail times the tail's internal variance of pi; needs sum_{j∉S} pi_j^3)
     dTV(±v)     = 1/2 (sum_S sgn(pi_i - mu_i) dpi_i + sgn(pi_tail - mu_tail) dpi_tail) * (±1),
                   dpi_i = pi_i (v_i - vbar), vbar = pi_k - sum pi^2, dpi_tail = -sum_{j∉S} pi_j^2 - pi_tail vbar,
                   a bucket at a kink (pi_i = mu_i) contributing |dpi_i|

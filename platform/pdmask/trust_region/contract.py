@@ -8,8 +8,12 @@ wraps it, with the recipe's resolved parameters, in a :class:`RecipeBatch`:
   (``response_mask``); the rest is padding. So ``B`` = responses in the micro-batch, ``T`` = the
   longest response there. A GRPO group's responses are separate rows, in no guaranteed order.
 - **Shapes.** Every tensor is ``[B, T]`` (``stats`` too: each of its fields), except
-  ``sequence_lengths`` (``[B]``). Floats are in the compute dtype: float32 (float64 when the
-  backend computes in float64, e.g. a float64 reference in a test), ``batch.dtype``.
+  ``sequence_lengths`` (``[B]``) and the support's slots (``[B, T, M]``). ``batch.dtype`` is the
+  loss's dtype, that of ``log_prob`` (bf16 where verl's log-probs are); ``mu_log_prob``,
+  ``advantages``, ``entropy`` and ``support`` are in it too. ``stats`` and ``fp32`` hold every
+  value in the statistics' dtype, float32 (float64 when the backend computes in float64, e.g. a
+  float64 reference in a test), whatever ``batch.dtype``: a loss that must equal one computed
+  from float32 inputs (verl's own) reads them there and returns its result in ``batch.dtype``.
 - **Padding** holds finite values that mean nothing: whatever the backend computed there (the
   embedded trainer) or zeros (verl's padded frame). Use ``response_mask``; never assume padding
   has ``A = 0`` or any other value.
@@ -18,7 +22,10 @@ wraps it, with the recipe's resolved parameters, in a :class:`RecipeBatch`:
   None otherwise). All three are exact, from the same pass over the logits (``logits_pass``). ``stats`` is
   detached on every backend: a loss built from ``stats.logp`` would train nothing.
 - **Read-only.** The tensors are the backend's own; a hook returns new tensors and never writes
-  into these (no in-place ops on them).
+  into these. A write in place (``batch.advantages.mul_(2)``, ``batch.stats.ratio[0] = 1``, into a
+  view of one as well) is caught by the tensors' version counters: the recipe's mask or loss
+  fails, naming the tensor and the line (``Recipe.method``; ``pdm validate`` refuses it before
+  anything trains).
 
 A mask returns a bool ``[B, T]`` tensor, True = the token's gradient is zeroed. A loss returns the
 per-token loss ``[B, T]`` in ``batch.dtype``; the math API zeroes it on padding and on masked
@@ -32,7 +39,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -45,6 +52,22 @@ RECIPE_METRIC_PREFIX = "actor/pdm/" + RECIPE_METRIC_GROUP
 """Where the backends log them (the math API's ``policy_loss`` metrics: ``recipe/<name>``)."""
 # verl reduces a metric whose name contains "max" or "min" with max/min, whatever it means.
 _METRIC_NAME = re.compile(r"^(?!.*(max|min))[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Float32Inputs:
+    """The inputs a loss computes from, in the statistics' dtype (float32; float64 for float64
+    logits) whatever ``batch.dtype``: as the backend had them, never rounded to bf16."""
+
+    log_prob: torch.Tensor
+    """``[B, T]`` log pi(y_t), differentiable (the batch's ``log_prob``, upcast)."""
+    mu_log_prob: torch.Tensor
+    """``[B, T]`` log mu(y_t), detached."""
+    advantages: torch.Tensor
+    """``[B, T]`` the advantages."""
+    support: SupportLogProbs | None = None
+    """The support view (``log_prob`` and ``tail_mass`` differentiable), when the recipe needs
+    ``"support_log_probs"``."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +103,9 @@ class RecipeBatch:
     """pi and mu over the support ``S = TopK(mu) ∪ {y}`` (``[B, T, M]``) and the tail's mass
     (``[B, T]``), ``log_prob`` and ``tail_mass`` differentiable; set when the recipe needs
     ``"support_log_probs"``."""
+    fp32: Float32Inputs | None = None
+    """``log_prob``, ``mu_log_prob``, ``advantages`` and ``support`` in the statistics' dtype
+    (float32, or float64), whatever ``batch.dtype``; always set by ``apply_method``."""
     reported: dict[str, float] = field(default_factory=dict)
     """What the recipe's mask and loss reported on this micro-batch (:meth:`report`)."""
 
@@ -97,6 +123,27 @@ class RecipeBatch:
         if not math.isfinite(number):
             raise ValueError(f"recipe metric {name!r} is not finite ({number})")
         self.reported[name] = number
+
+    @property
+    def token_id(self) -> torch.Tensor:
+        """``[B, T]`` long: y_t, the sampled token's vocabulary id."""
+        return self.stats.token_id
+
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """Every tensor this batch hands a hook, by the name a recipe reads it under
+        (``advantages``, ``support.log_prob``, ``stats.ratio``, ``fp32.advantages``, ...): what a
+        hook must not write into. One tensor may have several names (``fp32.log_prob`` is
+        ``log_prob`` itself in a float32 batch)."""
+        out: dict[str, Any] = {}
+        for name in ("advantages", "mu_log_prob", "log_prob", "response_mask", "mask", "entropy"):
+            out[name] = getattr(self, name)
+        out |= _fields("support", self.support)
+        out |= _fields("stats", self.stats)
+        out |= _fields("stats.support", self.stats.support)
+        out |= _fields("stats.kernel", self.stats.kernel)
+        out |= _fields("fp32", self.fp32)
+        out |= _fields("fp32.support", None if self.fp32 is None else self.fp32.support)
+        return {name: t for name, t in out.items() if isinstance(t, torch.Tensor)}
 
     @property
     def dtype(self) -> torch.dtype:
@@ -131,3 +178,10 @@ class RecipeBatch:
     def per_token(self, sequence_values: torch.Tensor) -> torch.Tensor:
         """``[B] -> [B, T]``: one value per response broadcast to its tokens."""
         return sequence_values[:, None].expand(self.response_mask.shape)
+
+
+def _fields(prefix: str, holder: Any) -> dict[str, Any]:
+    """A dataclass's fields as ``prefix.<field>`` (none for None)."""
+    if holder is None:
+        return {}
+    return {f"{prefix}.{f.name}": getattr(holder, f.name) for f in fields(holder)}

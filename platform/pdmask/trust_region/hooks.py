@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
-from pdmask.trust_region.contract import RecipeBatch
+from pdmask.trust_region.contract import Float32Inputs, RecipeBatch
+from pdmask.trust_region.logits_pass import compute_dtype
 from pdmask.trust_region.loss import ratio_loss
-from pdmask.trust_region.stats import ENTROPY, GRADIENT_INPUTS, SUPPORT_LOG_PROBS, TokenStats
+from pdmask.trust_region.stats import ENTROPY, PASS_INPUTS, SUPPORT_LOG_PROBS, TokenStats
 
 MaskHook = Callable[[RecipeBatch], torch.Tensor]
 """``fn(batch) -> bool [B, T]``, True = the token's gradient is zeroed."""
@@ -43,7 +44,7 @@ class Method:
     ratio_cap: float | None = None
     loss_sees_mask: bool = False
     needs: frozenset[str] = frozenset()
-    """The recipe's ``needs``: which differentiable inputs the statistics pass must compute
+    """The recipe's ``needs``: which inputs the statistics pass must compute
     (``compute_token_stats(inputs=method.needs)``)."""
 
     def __post_init__(self):
@@ -98,17 +99,31 @@ def apply_method(
     """
     valid = response_mask.bool()
     logp = stats.logp if log_prob is None else log_prob
-    mu = (stats.mu_logp if mu_log_prob is None else mu_log_prob).detach().to(logp.dtype)
-    missing = sorted(n for n in method.needs if n in GRADIENT_INPUTS and _input(stats, n) is None)
+    mu = (stats.mu_logp if mu_log_prob is None else mu_log_prob).detach()
+    missing = sorted(
+        name
+        for name, field_name in PASS_INPUTS.items()
+        if name in method.needs and getattr(stats, field_name) is None
+    )
     if missing:
         raise ValueError(
             f"method {method.name!r} needs {missing}, which these statistics lack: compute them "
             "with compute_token_stats(..., inputs=method.needs)"
         )
+    support = stats.support if SUPPORT_LOG_PROBS in method.needs else None
+    # The inputs as the backend has them, in at least float32 (the statistics' dtype): a loss
+    # equal to one computed from float32 inputs (verl's own) cannot be built from bf16 copies.
+    wide = compute_dtype(logp.dtype)
+    fp32 = Float32Inputs(
+        log_prob=logp.to(wide),
+        mu_log_prob=mu.to(wide),
+        advantages=advantages.detach().to(wide),
+        support=None if support is None else support.to(wide),
+    )
     batch = RecipeBatch(
         stats=stats.detached(),  # the statistics are detached on every backend
         log_prob=logp,
-        mu_log_prob=mu,
+        mu_log_prob=mu.to(logp.dtype),
         advantages=advantages.detach().to(logp.dtype),
         response_mask=valid,
         params=method.params,
@@ -116,7 +131,8 @@ def apply_method(
         precision=precision,
         # In the batch's compute dtype like every float here (verl's log-probs may be bf16).
         entropy=stats.entropy.to(logp.dtype) if ENTROPY in method.needs else None,
-        support=stats.support.to(logp.dtype) if SUPPORT_LOG_PROBS in method.needs else None,
+        support=None if support is None else support.to(logp.dtype),
+        fp32=fp32,
     )
     mask = torch.zeros_like(valid) if method.mask is None else method.mask(batch)
     _check(method, "mask", mask, batch)
@@ -131,10 +147,6 @@ def apply_method(
     _check(method, "loss", loss, batch)
     token_loss = torch.where(mask | ~valid, torch.zeros_like(loss), loss)
     return MethodOutput(mask, token_loss, batch)
-
-
-def _input(stats: TokenStats, name: str):
-    return stats.entropy if name == ENTROPY else stats.support
 
 
 def _check(method: Method, kind: str, value: Any, batch: RecipeBatch) -> None:

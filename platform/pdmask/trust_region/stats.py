@@ -21,12 +21,19 @@ ENTROPY = "entropy"
 SUPPORT_LOG_PROBS = "support_log_probs"
 """``Recipe.needs`` name: log pi over ``S = TopK(mu) ∪ {y}`` and the tail's mass, differentiable
 (``RecipeBatch.support``)."""
+SECOND_ORDER = "second_order"
+"""``Recipe.needs`` name: the second-order statistics of the step along ``v = e_k - pi``
+(``stats.tail_sum_cube`` and ``stats.var_v``, ``var_v_agg``, ``var_v_uni``, ``var_v_bucket``,
+detached): the tail's sum of ``pi**3`` comes out of the same pass over the logits."""
 OUTPUT_KERNEL = "output_kernel"
 """``Recipe.needs`` name: ``|h|^2`` and the output-embedding kernel term per token
 (``stats.kernel``, detached; ``pdmask.trust_region.kernel``). A backend computes it from the lm
 head's input and weight, which it must hand over (``kernel_terms``); not a pass output."""
 GRADIENT_INPUTS = (ENTROPY, SUPPORT_LOG_PROBS)
 """The differentiable inputs the chunked logits pass computes on request (registry: KNOWN_INPUTS)."""
+PASS_INPUTS = {ENTROPY: "entropy", SUPPORT_LOG_PROBS: "support", SECOND_ORDER: "var_v"}
+"""Every input the logits pass computes on request, and the ``TokenStats`` field that holds it
+(None when not asked for)."""
 
 
 @dataclass
@@ -92,8 +99,14 @@ class TokenStats:
     pi_topk_mass: torch.Tensor  # sum_S pi_i
     support_size: torch.Tensor  # m = |S| (long)
     sum_pi_sq: torch.Tensor  # sum over the whole vocabulary of pi_i^2
-    var_v: torch.Tensor | None  # Var_pi(v), the second derivative of the KL along v (opt-in)
     vocab_size: int  # n, the logits width
+    token_id: torch.Tensor | None = None  # y_t, the sampled token's id (long)
+    # Second order (inputs: "second_order"; see compute_token_stats), detached:
+    tail_sum_cube: torch.Tensor | None = None  # sum over the tail (ids off S) of pi_j^3
+    var_v: torch.Tensor | None = None  # Var_pi(v): the full KL's second derivative along v
+    var_v_agg: torch.Tensor | None = None  # Var of v with the tail as one token (pairs ddot_agg)
+    var_v_uni: torch.Tensor | None = None  # ... the tail spread evenly over n - m (ddot_uni)
+    var_v_bucket: torch.Tensor | None = None  # D_t's exact second derivative (ddot_bucket)
     entropy: torch.Tensor | None = None  # H(pi_t), differentiable (inputs: "entropy")
     support: SupportLogProbs | None = None  # pi and mu over S (inputs: "support_log_probs")
     kernel: KernelTerms | None = None  # |h|^2 and gram_agg (inputs: "output_kernel", detached)
@@ -105,7 +118,7 @@ class TokenStats:
         return replace(self, logp=self.logp.detach(), entropy=entropy, support=support)
 
     def tensors(self) -> dict[str, torch.Tensor]:
-        """Every per-token tensor by name (``var_v`` only when computed)."""
+        """Every per-token tensor by name (the optional ones only when computed)."""
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -142,7 +155,6 @@ def compute_token_stats(
     mu_sampled_logprob: torch.Tensor,
     *,
     chunk_size: int | None = None,
-    second_order: bool = False,
     support: SupportMode = "union",
     inputs: Collection[str] = (),
     shard: VocabShard | None = None,
@@ -152,10 +164,27 @@ def compute_token_stats(
     Shapes: ``logits [..., V]``, ``sampled_ids [...]``, ``mu_topk_ids / mu_topk_logprobs [..., K]``
     (``None`` for K = 0: support ``{y_t}`` plus one bucket), ``mu_sampled_logprob [...]``.
     Returns statistics shaped ``[...]``. Padding positions are computed like any other token;
-    mask them out downstream. ``inputs``: which of :data:`GRADIENT_INPUTS` to compute as well
+    mask them out downstream. ``inputs``: which of :data:`PASS_INPUTS` to compute as well
     (a recipe's ``needs``; other names are ignored). ``shard``: ``logits`` are this rank's
     columns of a vocabulary split over a tensor-parallel group (``vocab_parallel``); the ids are
     global, and every statistic is the full vocabulary's, the same on every rank of the group.
+
+    Second order (``inputs`` has :data:`SECOND_ORDER`): along ``v = e_k - pi``,
+    ``E_pi[v] = pi_k - sum pi^2`` and ``E_pi[v^2] = pi_k - 2 pi_k^2 + sum pi^3``. The tail's sums
+    ``c2 = sum_{j not in S} pi_j^2`` and ``c3 = sum_{j not in S} pi_j^3`` are exact (the pass);
+    each form replaces them as its ``ddot_*`` does, so that ``t ddot_X + t^2/2 var_v_X`` is the
+    second-order change of one divergence:
+
+    - ``var_v``: ``Var_pi(v)`` with the exact sums, the full KL's second derivative (mu-free);
+    - ``var_v_agg``: the tail as one token of mass ``pi_tail`` (``c2 = pi_tail^2``,
+      ``c3 = pi_tail^3``): ``Var(v)`` of the collapsed distribution, whose KL derivative is
+      ``ddot_agg``;
+    - ``var_v_uni``: the tail as ``n - m`` equal tokens (``c2 = pi_tail^2 / (n - m)``,
+      ``c3 = pi_tail^3 / (n - m)^2``), pairing ``ddot_uni``;
+    - ``var_v_bucket``: the exact second derivative of ``D_t = KL_topK`` along ``v``, pairing
+      ``ddot_bucket``: ``Var_pi(v) - mu_tail (c3 / pi_tail - (c2 / pi_tail)^2)``, the tail
+      bucket losing its internal variance (``mu_S + mu_tail = 1``, as ``ddot_bucket``
+      assumes). Unlike the others it can be negative: ``D_t`` is not convex along ``v``.
     """
     if logits.dim() < 1 or logits.shape[:-1] != sampled_ids.shape:
         raise ValueError(
@@ -172,6 +201,7 @@ def compute_token_stats(
 
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
     sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
+    second_order = SECOND_ORDER in inputs
     options = dict(
         chunk_size=chunk_size,
         second_order=second_order,
@@ -246,11 +276,9 @@ def compute_token_stats(
     tv_deriv_pos = 0.5 * (smooth + kink)
     tv_deriv_neg = 0.5 * (-smooth + kink)
 
-    var_v = None
+    second = {}
     if second_order:
-        sum_pi_cube = (pi_s * pi_s * pi_s).sum(-1) + lp.tail_sum_cube
-        # >= 0 exactly (a variance); clamp what cancellation leaves below zero for peaked pi.
-        var_v = (pi_k - 2 * pi_k * pi_k + sum_pi_cube - vbar * vbar).clamp_min(0.0)
+        second = _second_order(pi_k, pi_s, valid, pi_tail, mu_tail, rho_tail, unseen, lp)
 
     def shaped(t: torch.Tensor | None) -> torch.Tensor | None:
         return None if t is None else t.reshape(batch_shape)
@@ -292,8 +320,42 @@ def compute_token_stats(
         pi_topk_mass=shaped(pi_mass),
         support_size=shaped(sup.size),
         sum_pi_sq=shaped(sum_pi_sq),
-        var_v=shaped(var_v),
         vocab_size=vocab,
+        token_id=sampled.reshape(batch_shape),
+        **{name: shaped(value) for name, value in second.items()},
         entropy=shaped(lp.entropy),
         support=support_view,
     )
+
+
+def _second_order(pi_k, pi_s, valid, pi_tail, mu_tail, rho_tail, unseen, lp) -> dict:
+    """The second-order statistics (see :func:`compute_token_stats`), flat ``[N]`` each."""
+    zero = torch.zeros((), dtype=pi_k.dtype, device=pi_k.device)
+    on_s = torch.where(valid, pi_s, zero)
+    sq_s, cube_s = (on_s * on_s).sum(-1), (on_s * on_s * on_s).sum(-1)
+    c2, c3 = lp.tail_sum_sq, lp.tail_sum_cube
+
+    def variance(tail_sq: torch.Tensor, tail_cube: torch.Tensor) -> torch.Tensor:
+        mean = pi_k - sq_s - tail_sq
+        # >= 0 exactly (a variance); clamp what cancellation leaves below zero for peaked pi.
+        return (pi_k - 2 * pi_k * pi_k + cube_s + tail_cube - mean * mean).clamp_min(0.0)
+
+    spread = unseen.clamp_min(1)
+    some = unseen > 0
+    var_v = variance(c2, c3)
+    # The tail bucket's own variance of pi_j under q_j = pi_j / pi_tail (>= 0: Cauchy-Schwarz).
+    inside = torch.where(
+        pi_tail > 0,
+        c3 / pi_tail.clamp_min(torch.finfo(pi_k.dtype).tiny) - rho_tail * rho_tail,
+        zero,
+    ).clamp_min(0.0)
+    return {
+        "tail_sum_cube": c3,
+        "var_v": var_v,
+        "var_v_agg": variance(pi_tail * pi_tail, pi_tail * pi_tail * pi_tail),
+        "var_v_uni": variance(
+            torch.where(some, pi_tail * pi_tail / spread, zero),
+            torch.where(some, pi_tail * pi_tail * pi_tail / (spread * spread), zero),
+        ),
+        "var_v_bucket": var_v - mu_tail * inside,
+    }

@@ -35,7 +35,6 @@ from pdmask.trust_region import (
     KernelTerms,
     TokenStats,
     aggregate_loss,
-    compute_token_stats,
     per_token_loss,
 )
 
@@ -106,13 +105,9 @@ class AnalysisSetup:
         if self._float64 is None:
             self._float64 = copy.deepcopy(self.trainer).double()
         self._float64.load_state_dict(params)
-        gen = self.batch.generation
-        return compute_token_stats(
-            trainer_logits(self._float64, self.batch, index),
-            gen.responses[index],
-            gen.mu_topk_ids[index],
-            gen.mu_topk_logprobs[index].double(),
-            gen.mu_logp[index].double(),
+        # (the behaviour's float32 log-probs are computed with in float64: exact upcasts)
+        return token_stats(
+            trainer_logits(self._float64, self.batch, index), self.batch, index
         ).kl_topk
 
     def update(self, mask: torch.Tensor, index: torch.Tensor | None = None) -> float:

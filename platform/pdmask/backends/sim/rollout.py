@@ -7,11 +7,14 @@ compare the top-K estimators against the exact full-vocabulary quantities; the t
 reads it.
 
 Sampling is plain temperature-1 sampling (inverse CDF) with an explicit generator (deterministic).
-Decoding stops at ``<eos>``; later positions are padding and invalid.
+Decoding stops at ``<eos>``; later positions are padding and invalid. Responses vary in length
+(the task's attempts): a finished one leaves the decoding batch, so a step costs only the
+responses still running.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,38 +50,51 @@ def generate(
     top_k: int = 20,
     keep_full: bool = False,
 ) -> Generation:
-    """Sample up to ``max_new_tokens`` per prompt at temperature 1 (prompts share one length)."""
-    n = prompts.shape[0]
+    """Sample up to ``max_new_tokens`` per prompt at temperature 1 (prompts share one length).
+
+    A response that emitted ``<eos>`` leaves the batch (its rows of the key/value cache too), so a
+    step costs what the responses still running cost: the long tail of response lengths is paid
+    for by the long responses alone. The tensors are as wide as the longest response; a finished
+    response's later positions are padding (``<pad>``, invalid, ``mu_logp`` 0, top-K ids -1 and
+    log-probs -inf, a uniform full distribution)."""
+    n, vocab = prompts.shape[0], model.lm_head.weight.shape[0]
+    tokens = torch.full((n, max_new_tokens), PAD, dtype=torch.long)
+    valid = torch.zeros(n, max_new_tokens, dtype=torch.bool)
+    sampled_lp = torch.zeros(n, max_new_tokens)
+    topk_ids = torch.full((n, max_new_tokens, top_k), -1, dtype=torch.long)
+    topk_lp = torch.full((n, max_new_tokens, top_k), -torch.inf)
+    full = torch.full((n, max_new_tokens, vocab), -math.log(vocab)) if keep_full else None
     logits, cache = model(prompts, return_cache=True, logits_from=prompts.shape[1] - 1)
-    finished = torch.zeros(n, dtype=torch.bool)
-    tokens, valids, sampled_lp, topk_ids, topk_lp, full = [], [], [], [], [], []
+    rows = torch.arange(n)  # the responses still running
+    steps = 0
     for step in range(max_new_tokens):
         logp = torch.log_softmax(logits[:, -1].float(), dim=-1)
         nxt = _sample(logp, generator)
-        valid = ~finished
-        nxt = torch.where(valid, nxt, PAD)
-        tokens.append(nxt)
-        valids.append(valid)
-        sampled_lp.append(torch.where(valid, logp.gather(1, nxt[:, None]).squeeze(1), 0.0))
+        tokens[rows, step] = nxt
+        valid[rows, step] = True
+        sampled_lp[rows, step] = logp.gather(1, nxt[:, None]).squeeze(1)
         if top_k:
             values, ids = logp.topk(top_k, dim=-1)
-            topk_ids.append(torch.where(valid[:, None], ids, -1))
-            topk_lp.append(torch.where(valid[:, None], values, -torch.inf))
+            topk_ids[rows, step] = ids
+            topk_lp[rows, step] = values
         if keep_full:
-            full.append(logp)
-        finished |= nxt == EOS
-        if finished.all() or step == max_new_tokens - 1:
+            full[rows, step] = logp
+        steps = step + 1
+        running = nxt != EOS
+        if not running.any() or step == max_new_tokens - 1:
             break
+        if not running.all():
+            rows, nxt = rows[running], nxt[running]
+            cache = [(k[running], v[running]) for k, v in cache]
         logits, cache = model(nxt[:, None], cache=cache, return_cache=True)
-    empty_k = torch.empty(n, len(tokens), 0)
     return Generation(
         prompts=prompts,
-        responses=torch.stack(tokens, 1),
-        valid=torch.stack(valids, 1),
-        mu_logp=torch.stack(sampled_lp, 1),
-        mu_topk_ids=torch.stack(topk_ids, 1) if top_k else empty_k.long(),
-        mu_topk_logprobs=torch.stack(topk_lp, 1) if top_k else empty_k,
-        mu_full_logprobs=torch.stack(full, 1) if keep_full else None,
+        responses=tokens[:, :steps],
+        valid=valid[:, :steps],
+        mu_logp=sampled_lp[:, :steps],
+        mu_topk_ids=topk_ids[:, :steps],
+        mu_topk_logprobs=topk_lp[:, :steps],
+        mu_full_logprobs=None if full is None else full[:, :steps],
     )
 
 

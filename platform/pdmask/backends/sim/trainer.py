@@ -14,7 +14,9 @@ of the policy being trained, as it is before the step's updates, over response t
 with ``loss_agg_mode`` (verl computes it in its old-log-prob pass over the whole batch; here it is
 measured on the first minibatch, a random quarter of the batch that the trainer meets at exactly
 those parameters). ``actor/pdm/ratio_p01|p50|p99`` are quantiles of ``r = pi / mu`` over every
-response token the step's loss saw (mismatch and policy lag together).
+response token the step's loss saw (mismatch and policy lag together). ``response_length/*``
+describe the rollout's response lengths (the task's attempts make them vary: mean, median, 90th
+percentile, max, min and the share cut at the cap).
 
 With ``lr = 0`` (the mismatch control, ``SimKnobs.lr``) the parameters cannot move, so no backward
 pass or optimizer step is taken (and no ``actor/grad_norm`` is logged); everything else is
@@ -37,12 +39,14 @@ from pdmask.backends.sim.evaluation import EVAL_METRIC, evaluate_avg_at_k
 from pdmask.backends.sim.grpo import (
     RolloutBatch,
     exact_reference,
+    framed,
     token_stats,
     trainer_logits_and_hidden,
 )
 from pdmask.backends.sim.precision import sync_behaviour
 from pdmask.backends.sim.runtime import single_threaded
 from pdmask.backends.sim.state import TrialState, step_generator
+from pdmask.backends.sim.task import EOS
 from pdmask.errors import TrialFailed
 from pdmask.registry.backends import SIM
 from pdmask.trust_region import (
@@ -116,9 +120,25 @@ def _update(
     metrics["actor/pdm/kl_full_mean"] = float(exact.kl[valid].mean())
     metrics["actor/pg_loss"] = float(loss.detach())
     metrics |= {RECIPE_METRIC_PREFIX + k: v for k, v in step_out.batch.reported.items()}
-    entropy = aggregate_loss(token_entropy(logits), valid, cfg.loss_agg_mode)
+    entropy = aggregate_loss(framed(token_entropy(logits[valid]), valid), valid, cfg.loss_agg_mode)
     metrics["actor/pdm/entropy_minibatch"] = float(entropy)
     return metrics, stats.ratio.detach()[valid]
+
+
+def response_length_metrics(batch: RolloutBatch) -> dict[str, float]:
+    """The rollout's response lengths (tokens, ``<eos>`` included): verl's ``response_length/``
+    mean, max, min and ``clip_ratio`` (the share cut at the length cap, without ``<eos>``), and
+    the median and 90th percentile of their distribution."""
+    lengths = batch.valid.sum(1).double()
+    ended = (batch.generation.responses == EOS).any(1)
+    return {
+        "response_length/mean": float(lengths.mean()),
+        "response_length/p50": float(torch.quantile(lengths, 0.5)),
+        "response_length/p90": float(torch.quantile(lengths, 0.9)),
+        "response_length/max": float(lengths.max()),
+        "response_length/min": float(lengths.min()),
+        "response_length/clip_ratio": float((~ended).double().mean()),
+    }
 
 
 def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
@@ -150,7 +170,7 @@ def rl_step(state: TrialState, mask_fn: MaskFn, step: int) -> dict[str, float]:
     metrics["actor/pdm/mismatch_kl_full"] = per_update[0]["actor/pdm/kl_full_mean"]
     metrics["actor/pdm/stale_kl_topk"] = per_update[-1]["actor/pdm/kl_topk_mean"]
     metrics["critic/score/mean"] = float(batch.rewards.mean())
-    metrics["response_length/mean"] = float(batch.valid.sum(1).float().mean())
+    metrics |= response_length_metrics(batch)
     metrics["perf/total_num_tokens"] = float(batch.num_tokens)
     metrics["perf/tokens_per_s"] = batch.num_tokens / (time.perf_counter() - started)
     return metrics

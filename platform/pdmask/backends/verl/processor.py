@@ -48,7 +48,7 @@ class StatsSettings:
     topk: int
     chunk_size: int | None = None
     support: str = "union"
-    inputs: tuple[str, ...] = ()  # the recipe's ``needs`` that the pass computes (``entropy``)
+    inputs: tuple[str, ...] = ()  # the recipe's ``needs`` (those the pass computes: PASS_INPUTS)
 
 
 def phase(data) -> str | None:
@@ -120,7 +120,7 @@ def row_outputs(
             mu_sampled,
             chunk_size=settings.chunk_size,
             support=settings.support,
-            inputs=(*differentiable, ENTROPY),
+            inputs=(*settings.inputs, ENTROPY),  # (second_order too: detached statistics)
             shard=shard,
         )
     out = {
@@ -200,7 +200,6 @@ def stats_from_outputs(padded: dict[str, torch.Tensor]) -> TokenStats:
     fields = {name[len(STAT_KEY.format("")) :]: t for name, t in padded.items()}
     vocab = fields.pop("vocab_size")
     support = _support_from_outputs(fields)
-    fields.setdefault("var_v", None)
     return TokenStats(
         **fields, vocab_size=int(vocab.max().item()) if vocab.numel() else 0, support=support
     )
