@@ -23,8 +23,6 @@ verl's (`ActorConfig.policy_loss`: clip_cov_ratio 2e-4, lb 1, ub 5; clip 0.2 / 0
 Launch: put `clip-cov` on any sweep's `method` axis (it has no delta: one trial per cell).
 """
 
-import torch
-
 from pdmask.registry import Param, Recipe
 from pdmask.registry.common_params import EPS_HIGH, EPS_LOW
 
@@ -37,7 +35,7 @@ def draw_seed(batch) -> int:
 
 
 def _masked_mean(values, valid):  # verl_F.masked_mean, term for term
-    return (torch.where(valid, values, 0.0) * valid).sum() / (valid.sum() + 1e-8)
+    return (values.masked_fill(~valid, 0.0) * valid).sum() / (valid.sum() + 1e-8)
 
 
 def _surrogates(batch):
@@ -58,8 +56,10 @@ def clipped_or_drawn(batch):
     candidates = valid & ~clipped & (cov > p["clip_cov_lb"]) & (cov < p["clip_cov_ub"])
     at = candidates.nonzero()
     count = max(int(p["clip_cov_ratio"] * int(valid.sum())), 1)
+    import torch  # here, not at the top: listing recipes never imports torch
+
     order = torch.randperm(len(at), generator=torch.Generator().manual_seed(draw_seed(batch)))
-    drawn = torch.zeros_like(valid)
+    drawn = valid.new_zeros(valid.shape)
     chosen = at[order[:count]]
     drawn[chosen[:, 0], chosen[:, 1]] = True
     return clipped | drawn
@@ -68,7 +68,7 @@ def clipped_or_drawn(batch):
 def clip_cov_loss(batch):
     pg1, pg2, clipped = _surrogates(batch)
     drawn = batch.mask & ~clipped
-    return torch.maximum(pg1, pg2).masked_fill(drawn, 0.0).to(batch.dtype)
+    return pg1.maximum(pg2).masked_fill(drawn, 0.0).to(batch.dtype)
 
 
 RECIPE = Recipe(

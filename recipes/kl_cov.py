@@ -16,8 +16,6 @@ mu. Defaults are verl's (`ActorConfig.policy_loss`: kl_cov_ratio 2e-4, ppo_kl_co
 Launch: put `kl-cov` on any sweep's `method` axis (it has no delta: one trial per cell).
 """
 
-import torch
-
 from pdmask.registry import Param, Recipe
 
 
@@ -27,16 +25,16 @@ def kl_cov_loss(batch):
     policy_gradient = -fp32.advantages * log_ratio.exp()
     advantages = fp32.advantages[valid].detach()
     log_prob = batch.log_prob[valid].detach()  # verl's own dtype here (bf16 from bf16 log-probs)
-    penalised = torch.zeros_like(valid)
+    penalised = valid.new_zeros(valid.shape)
     if advantages.numel():
         cov = (advantages - advantages.mean()) * (log_prob - log_prob.mean())
         count = max(1, int(advantages.numel() * p["kl_cov_ratio"]))
-        top = torch.topk(cov, count, largest=True).indices
+        top = cov.topk(count, largest=True).indices
         at = valid.nonzero()[top]
         penalised[at[:, 0], at[:, 1]] = True
     batch.report("penalised_frac", penalised.sum() / valid.sum().clamp_min(1))
     penalty = p["ppo_kl_coef"] * log_ratio.abs()
-    return torch.where(penalised, policy_gradient + penalty, policy_gradient).to(batch.dtype)
+    return (policy_gradient + penalty).where(penalised, policy_gradient).to(batch.dtype)
 
 
 RECIPE = Recipe(

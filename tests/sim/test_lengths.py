@@ -80,6 +80,7 @@ def drifted(model_cache):
         precision="fp8-rollout",
         profile="stress",
         seed=3,
+        delta=0.15,
         cache_dir=str(model_cache / "sim"),
     )
     with single_threaded():

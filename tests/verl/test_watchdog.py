@@ -81,6 +81,7 @@ def test_bounds_travel_in_the_job_env():
 def test_bounds_follow_the_profile_and_the_models_step_time():
     class Trial:
         model = "qwen3-30b-a3b-base"
+        precision = "bf16"
         steps = None
 
     bounds = watchdog_bounds(Trial, "h20x32")

@@ -23,7 +23,7 @@ TEST_LABELS = {
     "agg": "Ddot_agg (aggregated tail)",
     "uni": "Ddot_uni (uniform tail)",
     "bucket": "Ddot_bucket (bucket estimator)",
-    "2nd": "pdm-2nd: t Ddot_agg + t²/2 var_v_agg > 0, t = 0.1 A",
+    "2nd": "second order: t Ddot_agg + t²/2 var_v_agg > 0, t = 0.1 A",
     "exact": "exact full-vocabulary Ddot (oracle)",
     "gram": "gram_agg (output-embedding kernel term)",
     "kernel": "‖h‖² Ddot_agg + c gram_agg (c fitted)",  # no pipes: a table cell
