@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from pdmask.backends.interface import parse_submission_id, submission_id
-from pdmask.backends.verl.jobs import job_specs, trial_overrides, trial_resources
+from pdmask.backends.verl.job_spec import job_specs
+from pdmask.backends.verl.jobs import trial_overrides, trial_resources
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.errors import ConfigError, ValidationFailed
 from pdmask.registry import load_registry

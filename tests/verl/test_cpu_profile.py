@@ -24,7 +24,7 @@ from pdmask.backends.verl.checks import check_job_config, config_problems  # noq
 from pdmask.backends.verl.cpu_profile import CPU_ENV, CPU_OVERRIDES  # noqa: E402
 from pdmask.backends.verl.cpu_setup import alias_version, build_alias_wheel  # noqa: E402
 from pdmask.backends.verl.file_recipes import ENV_VAR  # noqa: E402
-from pdmask.backends.verl.jobs import job_spec  # noqa: E402
+from pdmask.backends.verl.job_spec import job_spec  # noqa: E402
 from pdmask.errors import ValidationFailed  # noqa: E402
 from pdmask.registry import load_registry  # noqa: E402
 

@@ -20,7 +20,7 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from pdmask.backends.verl import plugin  # noqa: E402
 from pdmask.backends.verl.config import PDMPolicyLossConfig  # noqa: E402
 from pdmask.backends.verl.file_recipes import ENV_VAR, FileRecipe  # noqa: E402
-from pdmask.backends.verl.jobs import job_specs  # noqa: E402
+from pdmask.backends.verl.job_spec import job_specs  # noqa: E402
 from pdmask.errors import ValidationFailed  # noqa: E402
 from pdmask.registry import load_registry  # noqa: E402
 from tests.registry.test_new_recipe import NEW_RECIPE  # noqa: E402

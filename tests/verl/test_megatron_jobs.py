@@ -15,7 +15,8 @@ from hydra import compose, initialize_config_module  # noqa: E402
 from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E402
 from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
 
-from pdmask.backends.verl.jobs import job_spec, trial_overrides  # noqa: E402
+from pdmask.backends.verl.job_spec import job_spec  # noqa: E402
+from pdmask.backends.verl.jobs import trial_overrides  # noqa: E402
 from pdmask.backends.verl.jobs_setup import JobSettings  # noqa: E402
 from pdmask.registry import CLUSTERS, load_registry  # noqa: E402
 from pdmask.registry.training_layout import training_layout  # noqa: E402

@@ -30,7 +30,7 @@ from packaging.requirements import Requirement  # noqa: E402
 from packaging.utils import canonicalize_name, parse_wheel_filename  # noqa: E402
 
 from pdmask.backends.verl.compat import VERL_VERSION  # noqa: E402
-from pdmask.backends.verl.jobs import job_spec  # noqa: E402
+from pdmask.backends.verl.job_spec import job_spec  # noqa: E402
 from pdmask.backends.verl.node_requirements import (  # noqa: E402
     ATTENTION_KEY,
     CUDA_VERSION,

@@ -13,7 +13,8 @@ from verl.trainer.ppo.utils import need_critic, need_reference_policy  # noqa: E
 from verl.utils.config import omega_conf_to_dataclass, validate_config  # noqa: E402
 
 from pdmask.backends.verl.checks import config_problems  # noqa: E402
-from pdmask.backends.verl.jobs import job_spec, trial_resources  # noqa: E402
+from pdmask.backends.verl.job_spec import job_spec  # noqa: E402
+from pdmask.backends.verl.jobs import trial_resources  # noqa: E402
 from pdmask.backends.verl.jobs_setup import JobSettings  # noqa: E402
 from pdmask.registry import CLUSTERS, MODELS, load_registry  # noqa: E402
 

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.verl
 
 from hydra import compose, initialize_config_module  # noqa: E402
 
-from pdmask.backends.verl.jobs import job_specs  # noqa: E402
+from pdmask.backends.verl.job_spec import job_specs  # noqa: E402
 from pdmask.backends.verl.tracking import job_tags  # noqa: E402
 from pdmask.errors import ValidationFailed  # noqa: E402
 from pdmask.registry import load_registry  # noqa: E402

@@ -2,7 +2,7 @@
 
 For a model, a precision and a cluster profile, ``rollout_layout`` gives the vLLM layout its VeRL
 jobs use (tensor-parallel size, expert parallelism, replicas), or refuses the cell with every rule
-it breaks. The job builder writes the layout into the job (``backends/verl/jobs.py``) and the plan
+it breaks. The job builder writes the layout into the job (``backends/verl/job_spec.py``) and the plan
 shows it (``pdm sweep --dry-run``); both read this module, which imports neither torch nor verl.
 
 The rules, with where vLLM enforces each (vLLM 0.24.0, the GPU extra's pin, read from its wheel;

@@ -34,7 +34,7 @@ class VerlBackend:
     def job_specs(
         self, reg: Registry, sweep: Sweep, trials: list[Trial], *, cluster: str, tracking_uri: str
     ) -> list[JobSpec]:
-        from pdmask.backends.verl.jobs import job_specs
+        from pdmask.backends.verl.job_spec import job_specs
 
         return job_specs(reg, sweep, trials, cluster=cluster, tracking_uri=tracking_uri)
 

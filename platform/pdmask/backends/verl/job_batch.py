@@ -14,13 +14,8 @@ from typing import Any
 
 from pdmask.backends.interface import JobResources
 from pdmask.backends.verl.cpu_profile import STORE_DIR_ENV
-from pdmask.backends.verl.jobs import (
-    VerlJobSpec,
-    job_spec,
-    on_cpu,
-    prepare_local_inputs,
-    trial_resources,
-)
+from pdmask.backends.verl.job_spec import VerlJobSpec, job_spec
+from pdmask.backends.verl.jobs import on_cpu, prepare_local_inputs, trial_resources
 from pdmask.backends.verl.jobs_setup import JobSettings
 from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import Sweep, Trial
@@ -34,7 +29,8 @@ class VerlJobBatch:
     def __init__(
         self, reg, sweep: Sweep | None, trials: list[Trial], *, cluster: str, tracking_uri: str
     ):
-        from pdmask.backends.verl.jobs import require_verl, trial_overrides
+        from pdmask.backends.verl.job_spec import require_verl
+        from pdmask.backends.verl.jobs import trial_overrides
 
         if trials:  # their overrides are checked by verl's config classes
             require_verl()
