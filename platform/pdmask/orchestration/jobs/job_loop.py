@@ -193,7 +193,11 @@ class JobRunner:
 
     def _submit(self, job: TrialJob) -> None:
         run = TrialRun.start_or_resume(
-            self.client, self.session.experiment_id, job.trial, self.session.tags, log_params=False
+            self.client,
+            self.session.experiment_id,
+            job.trial,
+            self.session.tags,
+            steps=self.session.planned_steps(job.trial),
         )
         if run is None:  # another invocation finished it meanwhile
             job.state = "finished"

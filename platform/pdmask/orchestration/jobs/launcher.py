@@ -23,10 +23,12 @@ faults. Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
    which queued trials may go (``canary.py``): every setting's canary first, largest first; a
    setting's other trials once its canary reported its first training step and a validation; none
    of a setting a deterministic failure stopped (such a failure is never retried).
-5. Before each submission pdmask pre-creates (or resumes) the trial's one MLflow run with TAGS
-   ONLY (verl logs its config as params itself; a conflicting param would silently disable
-   MLflow) and passes it as ``MLFLOW_RUN_ID``; a retry attaches to the same run. Polling,
-   retries and settling each job: ``job_loop.py``.
+5. Before each submission pdmask pre-creates (or resumes) the trial's one MLflow run with its
+   tags and pdmask's params (``tracking.runs.run_params``: the values it trains with, ``steps``
+   included) and passes it as ``MLFLOW_RUN_ID``; a retry attaches to the same run. pdmask's
+   params have no ``/`` in their names and verl's are ``/``-separated paths into its config
+   (every top-level key of which is a section), so none conflicts: a conflicting param would
+   silently disable MLflow in verl. Polling, retries and settling each job: ``job_loop.py``.
 6. Ctrl-C, SIGTERM and SIGHUP detach (exit 130): the jobs keep running on the cluster, their
    runs RUNNING (the summary counts them); the same command attaches again. A job API that does
    not answer ends the sweep after ``PDM_CLUSTER_UNREACHABLE_SECONDS`` (``ClusterLost``, exit 1)

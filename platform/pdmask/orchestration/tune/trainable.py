@@ -85,7 +85,9 @@ def run_trial(config: dict[str, Any]) -> None:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
             tags[SEARCH_POINT_TAG] = json.dumps(config["search"], sort_keys=True)
-        run = TrialRun.start_or_resume(client, config["experiment_id"], trial, tags)
+        run = TrialRun.start_or_resume(
+            client, config["experiment_id"], trial, tags, steps=_planned_steps(config, trial)
+        )
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
             return
@@ -99,6 +101,17 @@ def run_trial(config: dict[str, Any]) -> None:
         tune.report(report)  # after the run is FINISHED: a stop arriving now cannot touch it
     finally:
         claim.release()
+
+
+def _planned_steps(config: dict[str, Any], trial: Trial) -> int | None:
+    """The steps the trial's backend trains (its run's ``steps`` param); None when its backend
+    cannot say (the attempt's own error handling meets why, with the run open)."""
+    from pdmask.backends.interface import load_backend
+
+    try:
+        return load_backend(config.get("backend") or trial.backend).planned_steps(trial)
+    except Exception:
+        return None
 
 
 def _attempt(
