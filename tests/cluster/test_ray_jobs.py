@@ -128,7 +128,11 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
     # The stand-in got the trial's own overrides and logged into the pre-created run.
     assert all(r.data.tags["standin.seed"] == "0" for m, r in run.items() if m != "pdm-uni")
     assert run["pdm-agg"].data.metrics["val-core/aime24/acc/mean_at_16"] == pytest.approx(0.2)
-    assert run["pdm-agg"].data.params == {}, "the pre-created run carries tags only"
+    # the pre-created run carries pdmask's params, the steps it trains among them, none of
+    # them a `/`-separated path as verl's own params are (a conflict would disable verl's MLflow)
+    params = run["pdm-agg"].data.params
+    assert params["steps"] == "3" and params["method"] == "pdm-agg"
+    assert not [name for name in params if "/" in name]
     assert "pdm.finished_by" in run["dppo-topk-kl"].data.tags  # job SUCCEEDED, run left RUNNING
     assert "pdm.finished_by" not in run["grpo-clip-higher"].data.tags
     reason = run["pdm-uni"].data.tags["pdm.failure_reason"]
