@@ -9,6 +9,7 @@ head advertises 16 it does not have; each 4B trial on h20x32 takes 8).
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,9 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
     out = first.stdout + first.stderr
     assert first.returncode == 1, out  # pdm-uni failed both of its attempts
     assert "waiting for GPUs" in out, out
+    # the progress line as the loop polls: two 8-GPU jobs on 16 GPUs, two queued, the ETA
+    # priced by the plan's cost model before any job reported a step
+    assert re.search(r"\] jobs: 0/4 done, 2 running, 0 failed, 2 queued; elapsed \S+, ETA \d", out)
 
     jobs = cluster_jobs(ray_head, "jobs")
     by_trial: dict[str, list[str]] = {}

@@ -6,8 +6,8 @@ retrying; ended: done or failed) and, while it runs, its run's RL steps in MLflo
 history of the metric every backend logs at each step (``canary.TRAINING_METRIC``: its steps
 and the times the job logged them) since this loop submitted it (``submitted``). A job attached
 to, submitted before, counts the steps since its step count last went back (a retried job
-resumes from its checkpoint: those are its latest attempt's). The line is printed when the counts change and
-at least every ``HEARTBEAT_S`` while jobs run.
+resumes from its checkpoint: those are its latest attempt's). The line is printed when the
+counts change and at least every ``HEARTBEAT_S`` while jobs run.
 """
 
 from __future__ import annotations
