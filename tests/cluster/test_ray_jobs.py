@@ -9,6 +9,7 @@ head advertises 16 it does not have; each 4B trial on h20x32 takes 8).
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -100,6 +101,9 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
     out = first.stdout + first.stderr
     assert first.returncode == 1, out  # pdm-uni failed both of its attempts
     assert "waiting for GPUs" in out, out
+    # the progress line as the loop polls: two 8-GPU jobs on 16 GPUs, two queued, the ETA
+    # priced by the plan's cost model before any job reported a step
+    assert re.search(r"\] jobs: 0/4 done, 2 running, 0 failed, 2 queued; elapsed \S+, ETA \d", out)
 
     jobs = cluster_jobs(ray_head, "jobs")
     by_trial: dict[str, list[str]] = {}
@@ -128,7 +132,11 @@ def test_sweep_submits_admits_retries_and_settles_runs(ray_head, project):
     # The stand-in got the trial's own overrides and logged into the pre-created run.
     assert all(r.data.tags["standin.seed"] == "0" for m, r in run.items() if m != "pdm-uni")
     assert run["pdm-agg"].data.metrics["val-core/aime24/acc/mean_at_16"] == pytest.approx(0.2)
-    assert run["pdm-agg"].data.params == {}, "the pre-created run carries tags only"
+    # the pre-created run carries pdmask's params, the steps it trains among them, none of
+    # them a `/`-separated path as verl's own params are (a conflict would disable verl's MLflow)
+    params = run["pdm-agg"].data.params
+    assert params["steps"] == "3" and params["method"] == "pdm-agg"
+    assert not [name for name in params if "/" in name]
     assert "pdm.finished_by" in run["dppo-topk-kl"].data.tags  # job SUCCEEDED, run left RUNNING
     assert "pdm.finished_by" not in run["grpo-clip-higher"].data.tags
     reason = run["pdm-uni"].data.tags["pdm.failure_reason"]

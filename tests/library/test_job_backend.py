@@ -9,6 +9,8 @@ polling, settling, skip-finished on the rerun, the summary.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pdmask.registry import load_registry
@@ -63,6 +65,12 @@ def test_a_job_backend_in_one_module_trains_through_the_one_job_loop(bandit_jobs
         values = [m.value for m in sorted(acc, key=lambda m: m.step)]
         assert len(values) == 7 and values[-1] > values[0], values  # it learned: steps 0..6
     assert "sweep bandit-jobs: Ray jobs" in out  # the job loop's table
+    # its progress line as it polls: both jobs fit at once (they take no GPUs), the last line
+    # when both ended
+    progress = re.findall(r"\] bandit-jobs: (\d/2 done, \d running, \d failed, \d queued); "
+                          r"elapsed \S+, ETA (\S+)", out)  # fmt: skip
+    assert progress[0][0] == "0/2 done, 2 running, 0 failed, 0 queued", out[-4000:]
+    assert progress[-1] == ("2/2 done, 0 running, 0 failed, 0 queued", "0s"), out[-4000:]
     assert "finished now" in out and "trial logs: " in out  # the runner's shared summary
     again = pdmask.run_sweep("bandit-jobs", pdmask.SweepOptions(figures=False))
     out = capsys.readouterr().out

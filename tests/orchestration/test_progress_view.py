@@ -332,3 +332,42 @@ def test_a_full_disk_under_the_driver_log_raises_nothing_at_its_last_flush():
     handler = _QuietFileHandler("/dev/full")  # every write that reaches it: ENOSPC
     handler.emit(logging.LogRecord("ray", logging.WARNING, __file__, 1, "a line", (), None))
     handler.close()  # the sweep's own error (the disk is full, naming the folder) stays the one
+
+
+def test_the_main_figures_summary_is_a_methods_by_settings_table_that_fits_80_columns():
+    """Six method labels (the lr = 0 control among them) x four settings x three seeds, as the
+    main figure ends: at 80 columns every setting's column and every mean ± sd (n) is there
+    (the text wraps), and GRPO, which has no delta, ends in no dangling delta."""
+    from pdmask.orchestration.session import concluded as _concluded
+
+    settings = [
+        ("qwen3-4b-base", "bf16"),
+        ("qwen3-8b-base", "bf16"),
+        ("qwen3-30b-a3b-base", "fp8-e2e"),
+        ("qwen3-30b-a3b-base", "fp8-rollout"),
+    ]
+    labels = ["grpo-clip-higher", "dppo-topk-kl", "dppo-topk-kl (lr = 0 mismatch control)",
+              "pdm-agg", "pdm-uni", "pdm-gram"]  # fmt: skip
+    runs, expected = [], []
+    for m, label in enumerate(labels):
+        for c, (model, precision) in enumerate(settings):
+            values = [0.1 * m + 0.01 * c + 0.001 * seed for seed in range(3)]  # sd 0.001
+            expected.append(f"{sum(values) / 3:.3f}")
+            tags = {"pdm.method_label": label, "pdm.model": model, "pdm.precision": precision}
+            if label.startswith("grpo"):
+                tags["pdm.delta"] = ""
+            runs += [_run(label.split()[0], s, (v, v), **tags) for s, v in enumerate(values)]
+    outcome = _concluded(SweepOutcome(72, 0, 0, 0), runs, METRICS, started=None)
+    assert {r["cell"] for r in outcome.results} == {" ".join(s) for s in settings}
+    assert not [r for r in outcome.results if "δ" in r["setting"]]  # one delta: not shown
+    console = Console(record=True, width=80)
+    _summary(console, SimpleNamespace(name="main-figure", search=None), outcome, "sqlite:///x")
+    text = console.export_text()
+    table = text[text.index("methods x settings") : text.index("avg@16: the mean")]
+    assert max(len(line) for line in table.splitlines()) <= 80, table
+    words = table.split()
+    for value in expected:  # every cell's mean, its ± 0.001 and its n
+        assert value in words, (value, table)
+    assert words.count("±") == 24 and words.count("(3)") == 24, table
+    for _model, precision in settings:  # the header wraps the model names, never drops one
+        assert precision in words, table

@@ -10,6 +10,7 @@ one that must be empty afterwards.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -118,6 +119,11 @@ def test_trial_logs_land_in_the_state_folder_and_go_with_their_runs(project, dee
         assert f"=== pdm trial log: {name} attempt 1 (trial " in content
         assert f", run {run_id}) started" in content
         assert content.rstrip().endswith("=== attempt ended: finished ===")
+        # a line per evaluation (the smoke profile: 4 steps, evaluated at 0, 2 and 4)
+        evaluations = re.findall(r"^step (\d)/4: avg@16 [01]\.\d{3}(.*)$", content, re.M)
+        assert [step for step, _ in evaluations] == ["0", "2", "4"], content[-2000:]
+        trained = re.compile(r"^, masked \d+\.\d\d %, entropy \d+\.\d{3}, \d+\.\d\d s/step$")
+        assert all(trained.match(rest) for _, rest in evaluations[1:]), evaluations
         if name.startswith("chatty"):
             for how in ("print", "fd 2", "a subprocess"):
                 assert f"chatty: hello from {how}\n" in content, content[-2000:]

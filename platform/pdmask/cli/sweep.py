@@ -176,7 +176,9 @@ def _print_plan(name: str, options, as_json: bool) -> None:
                 reg, sweep, trials, cluster=cluster, tracking_uri=options.tracking_uri
             )
         ]
-    workloads, measured = _costs_of(specs, trials, options.tracking_uri)
+    from pdmask.orchestration.trial_prices import costs_of
+
+    workloads, measured = costs_of(specs, trials, options.tracking_uri)
     rows = plan_rows(trials, cluster, status_of, workloads, measured)
     disk = disk_need(rows, cluster)
     left_out = reg.left_out(name, backend=options.backend)
@@ -277,35 +279,6 @@ COST_BASIS = (
     "`timing_s/step` of runs of the same model, precision and resources; (catalog): hand-set. "
     "Retries are not included."
 )
-
-
-def _costs_of(specs, trials, tracking_uri):
-    """Each job's workload and, once runs of its cell reported, its measured step, by trial
-    hash (a store that cannot be read leaves every step estimated)."""
-    from pdmask.registry.cost import Workload
-
-    workloads = {
-        spec["trial_hash"]: Workload(**spec["workload"])
-        for spec in specs or []
-        if "workload" in spec
-    }
-    if not workloads:
-        return workloads, {}
-    from pdmask.tracking.step_times import StepTimes, resources_tag
-
-    try:
-        times = StepTimes.read(tracking_uri)
-    except Exception:  # an unreachable server: the plan is still a plan, estimated
-        times = StepTimes()
-    measured = {}
-    by_hash = {t.trial_hash: t for t in trials}
-    for spec in specs:
-        res, trial = spec["resources"], by_hash[spec["trial_hash"]]
-        tag = resources_tag(res["nodes"], res["gpus_per_node"], res["gpu_kind"])
-        found = times.seconds(trial.model, trial.precision, tag)
-        if found is not None:
-            measured[trial.trial_hash] = found.seconds
-    return workloads, measured
 
 
 def _step_cell(row) -> str:

@@ -14,10 +14,28 @@ from pdmask.console import table
 from pdmask.orchestration.canary import stop_line
 from pdmask.orchestration.progress_view import duration, headline_label
 from pdmask.orchestration.session import SweepOutcome
-from pdmask.orchestration.summary import format_mean_sd
+from pdmask.orchestration.summary import SettingResult, format_mean_sd
 from pdmask.orchestration.trial_logs import logs_folder
 from pdmask.registry import Sweep
 from pdmask.tracking.store import redact
+
+
+def _results_table(results: list[SettingResult], label: str):
+    """Each setting's final headline metric: one row per setting where the settings differ by
+    their method alone; else a methods x settings table of ``mean ± sd (n)``. Every column may
+    wrap, so that a narrow terminal (80 columns) wraps the text and never drops a column."""
+    cells = list(dict.fromkeys(r["cell"] for r in results))
+    if cells == [""]:
+        body = [[r["method"], r["n"], format_mean_sd(r["mean"], r["sd"])] for r in results]
+        title = f"final {label} per setting, mean ± sd over seeds"
+        return table(title, ["setting", "n", "mean ± sd"], body, wrap={"setting", "mean ± sd"})
+    by_method: dict[str, dict[str, str]] = {}
+    for r in results:
+        text = f"{format_mean_sd(r['mean'], r['sd'])} ({r['n']})"
+        by_method.setdefault(r["method"], {})[r["cell"]] = text
+    body = [[method, *(row.get(c, "-") for c in cells)] for method, row in by_method.items()]
+    title = f"final {label}, mean ± sd (n seeds), methods x settings"
+    return table(title, ["method", *cells], body, wrap={"method", *cells})
 
 
 def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -> None:
@@ -37,10 +55,8 @@ def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -
     wall = "" if out.wall_s is None else f", wall time {duration(out.wall_s)}"
     console.print(table(f"sweep {sweep.name}: summary{wall}", ["", "trials"], rows))
     if out.results:
-        body = [[r["setting"], r["n"], format_mean_sd(r["mean"], r["sd"])] for r in out.results]
         label = headline_label(out.headline)
-        title = f"final {label} per setting, mean ± sd over seeds"
-        console.print(table(title, ["setting", "n", "mean ± sd"], body))
+        console.print(_results_table(out.results, label))
         console.print(f"{label}: the mean of {', '.join(out.headline)} at the last step")
     for f in out.failures:
         console.print(

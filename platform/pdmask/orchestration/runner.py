@@ -104,3 +104,5 @@ def _build_figures(console: Console, session: SweepSession, outcome: SweepOutcom
             continue
         outcome.figures[name] = str(result.paths.get("png"))
         console.print(f"figure {name}: {result.paths.get('png')}")
+        if numbers := result.paths.get("summary_md"):  # the paired differences are there
+            console.print(f"figure {name} in numbers, paired against the baseline: {numbers}")

@@ -190,6 +190,12 @@ class SweepSession:
     def max_concurrent(self) -> int | None:
         return self.options.max_concurrent or self.sweep.max_concurrent
 
+    def planned_steps(self, trial: Trial) -> int | None:
+        """The RL steps ``trial`` trains on its backend (``Backend.planned_steps``)."""
+        from pdmask.backends.interface import load_backend
+
+        return load_backend(self.backend).planned_steps(trial)
+
     def headline(self) -> list[str]:
         """The metrics the headline metric is the mean of: the backend's evaluation metrics."""
         from pdmask.backends.interface import load_backend

@@ -27,6 +27,8 @@ class SettingResult(TypedDict):
     """One setting's final headline metric over its seeds."""
 
     setting: str  # its method as tables show it, then the other axes that vary
+    method: str  # its method as tables show it
+    cell: str  # the other axes that vary between the sweep's settings ("" when none does)
     n: int  # seeds with a value
     mean: float
     sd: float | None  # None for one seed
@@ -61,12 +63,21 @@ def results_by_setting(runs: list, metrics: list[str]) -> list[SettingResult]:
         if value is not None:
             key = (_label(run.data.tags), *(run.data.tags.get(axis, "") for axis in AXES[1:]))
             groups.setdefault(key, []).append(value)
-    varying = [i for i in range(1, len(AXES)) if len({k[i] for k in groups}) > 1]
+    # an axis varies when two settings' values differ (a method without a delta, GRPO, leaves
+    # the delta as it is); the delta goes with the method, the rest make up the cell
+    varying = [i for i in range(1, len(AXES)) if len({k[i] for k in groups} - {""}) > 1]
+    delta = AXES.index("pdm.delta")
     rows = []
     for key, values in groups.items():
         m, sd = mean_sd(values)
-        setting = " ".join([key[0], *(_axis_text(AXES[i], key[i]) for i in varying)])
-        rows.append(SettingResult(setting=setting, n=len(values), mean=m, sd=sd))
+        method = " ".join(
+            t for i in [0, delta] if (i == 0 or i in varying) and (t := _text(i, key))
+        )
+        cell = " ".join(t for i in varying if i != delta and (t := _text(i, key)))
+        setting = f"{method} {cell}" if cell else method
+        rows.append(
+            SettingResult(setting=setting, method=method, cell=cell, n=len(values), mean=m, sd=sd)
+        )
     return sorted(rows, key=lambda r: r["setting"])
 
 
@@ -86,8 +97,13 @@ def _label(tags: dict[str, str]) -> str:
     return f"{method} ({knobs_label(knobs)})" if knobs else method
 
 
+def _text(i: int, key: tuple) -> str:
+    return key[0] if i == 0 else _axis_text(AXES[i], key[i])
+
+
 def _axis_text(axis: str, value: str) -> str:
-    if axis != "pdm.delta":
+    """The axis value as a result row shows it ("" for a method without a delta: GRPO's)."""
+    if axis != "pdm.delta" or not value:
         return value
     try:  # a search samples deltas: 0.0884066, not 0.08840661465267692
         return f"δ={float(value):g}"

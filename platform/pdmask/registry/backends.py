@@ -23,6 +23,11 @@ class Launch(Enum):
     RAY_JOBS = "ray-jobs"  # each trial is a Ray Job submitted to a cluster's head
 
 
+# What a sweep sets for every trial besides its grid, and what each means to a backend that reads
+# it: ``profile`` a budget preset (``registry.sweeps.SIM_PROFILES``), ``steps`` the RL steps.
+TRIAL_SETTINGS = ("profile", "steps")
+
+
 class Occupies(Enum):
     """What one trial holds while it runs (the plan's resources column)."""
 
@@ -50,6 +55,10 @@ class BackendSpec:
     """Whether it trains small stand-ins of the models trials name (figure panels say so)."""
     withholds: dict[str, str] = field(default_factory=dict, hash=False)
     """Why it cannot supply an input it lacks (the plan's refusal of a recipe says it)."""
+    settings: frozenset[str] = frozenset({"profile"})
+    """The sweep's trial settings its trials train with (``TRIAL_SETTINGS``). A sweep that sets
+    one it lacks is refused at plan time, naming the field; one it lacks stays out of its
+    trials' identity (their hash), so it cannot tell two trials apart that train the same."""
 
 
 SIM = BackendSpec(
@@ -72,6 +81,7 @@ SIM = BackendSpec(
     occupies=Occupies.ONE_CPU,
     takes_sim_knobs=True,
     trains_stand_ins=True,
+    settings=frozenset({"profile", "steps"}),  # steps: the profile's unless the sweep sets them
 )
 VERL = BackendSpec(
     name="verl",
@@ -81,6 +91,7 @@ VERL = BackendSpec(
     mu_sources=("rollout", "recompute"),
     launch=Launch.RAY_JOBS,
     occupies=Occupies.CLUSTER_GPUS,
+    settings=frozenset({"steps"}),  # no budget profiles: its jobs' setup is the cluster's
     withholds={
         "behaviour_full": "vLLM returns the behaviour's top-K log-probs, not its distribution",
         "output_kernel": "verl's engine hands the policy-loss hook logits, not the lm head's "

@@ -139,6 +139,7 @@ class Registry:
             sweep, src = self.sweep(name), self.sweep_sources[name]
         problems = [*self.recipe_problems, *self._file_problems(name)]
         backend = backend or sweep.backend
+        profile_flag = profile is not None
         profile = profile or sweep.profile
         if backend not in BACKENDS:
             problems.append(
@@ -148,12 +149,8 @@ class Registry:
                     f"unknown backend {backend!r}; known: {sorted(BACKENDS)}",
                 )
             )
-        if profile not in SIM_PROFILES:
-            problems.append(
-                src.problem(
-                    ("profile",), f"unknown profile {profile!r}; known: {list(SIM_PROFILES)}"
-                )
-            )
+        else:
+            problems += _settings_problems(sweep, src, BACKENDS[backend], profile, profile_flag)
         if (cluster or sweep.cluster) not in CLUSTERS:
             problems.append(
                 src.problem(
@@ -340,11 +337,50 @@ class Registry:
             delta=None if trial_delta is None else float(trial_delta),
             seed=seed,
             backend=backend.name,
-            profile=profile,
+            profile=profile if "profile" in backend.settings else None,
             steps=sweep.steps,
             mu_source=mu_source[0],
             sim=sim,
         )
+
+
+def _settings_problems(
+    sweep: Sweep, src: YamlSource, backend: BackendSpec, profile: str, profile_flag: bool
+) -> list[Problem]:
+    """The trial settings (``TRIAL_SETTINGS``) the sweep sets that ``backend`` does not train
+    with, each refused naming its field (``profile_flag``: the profile came from ``--profile``),
+    and an unknown profile of a backend that has profiles."""
+
+    def problem(field: str, message: str) -> Problem:
+        if field == "profile" and profile_flag:
+            return Problem("--profile", "profile", message)
+        return src.problem((field,), message)
+
+    problems = []
+    reads = ", ".join(sorted(backend.settings)) or "none of them"
+    if "profile" in backend.settings:
+        if profile not in SIM_PROFILES:
+            problems.append(
+                problem("profile", f"unknown profile {profile!r}; known: {list(SIM_PROFILES)}")
+            )
+    elif profile_flag or "profile" in sweep.model_fields_set:
+        steps = "the sweep's `steps`" if "steps" in backend.settings else "its own budget"
+        problems.append(
+            problem(
+                "profile",
+                f"backend {backend.name!r} has no budget profiles (of the trial settings it "
+                f"reads {reads}): its trials train {steps}; remove `profile`",
+            )
+        )
+    if sweep.steps is not None and "steps" not in backend.settings:
+        problems.append(
+            problem(
+                "steps",
+                f"backend {backend.name!r} does not train a set number of steps (of the trial "
+                f"settings it reads {reads}); remove `steps`",
+            )
+        )
+    return problems
 
 
 def _unique(problems: list[Problem]) -> list[Problem]:

@@ -168,10 +168,15 @@ class Sweep(BaseModel):
         json_schema_extra={"enum": sorted(BACKENDS)},  # an editor's choices: the built-in ones
     )
     profile: str = Field(
-        "default", description=f"Embedded-backend budget profile: {list(SIM_PROFILES)}."
+        "default",
+        description=f"Budget profile of a backend that has them (the embedded one): "
+        f"{list(SIM_PROFILES)}; refused on one that has none (VeRL).",
     )
     steps: int | None = Field(
-        None, ge=1, description="RL steps per trial on VeRL (None: the backend default)."
+        None,
+        ge=1,
+        description="RL steps per trial on every backend (None: the backend's own: the "
+        "profile's on the embedded backend, 300 on VeRL).",
     )
     cluster: str = Field(
         "h20x32", description="Cluster profile for planning (`--cluster` overrides)."

@@ -59,11 +59,14 @@ class Trial(BaseModel):
     )
     seed: int = Field(description="Random seed of the whole trial.")
     backend: str = Field(description="Training backend: a name of `registry/backends.py`.")
-    profile: str = Field(
-        description="Budget profile of the embedded backend (`smoke`, `default`, `full`, `stress`)."
+    profile: str | None = Field(
+        description="Budget profile (`smoke`, `default`, `full`, `stress`) of a backend that has "
+        "them (`BackendSpec.settings`); None on one that has none (VeRL)."
     )
     steps: int | None = Field(
-        None, description="RL steps for the VeRL backend (None: its default)."
+        None,
+        description="RL steps the sweep sets (None: the backend's own, the profile's on the "
+        "embedded backend, 300 on VeRL: `Backend.planned_steps` says how many it trains).",
     )
     mu_source: Literal["rollout", "recompute"] = Field(
         "rollout",
@@ -137,7 +140,7 @@ class Trial(BaseModel):
             "pdm.delta": "" if self.delta is None else repr(float(self.delta)),
             "pdm.seed": str(self.seed),
             "pdm.backend": self.backend,
-            "pdm.profile": self.profile,
+            "pdm.profile": self.profile or "",
             "pdm.mu_source": self.mu_source,
             "pdm.recipe_hash": self.recipe_source.hash,
             "pdm.recipe_file": self.recipe_source.file,
@@ -175,9 +178,10 @@ class Trial(BaseModel):
         """One sentence on what the run is (its description in the MLflow UI)."""
         delta = "" if self.delta is None else f", delta {self.delta:g}"
         precision = f"{self.precision} ({self.precision_label()})"
+        budget = f" ({self.profile} profile)" if self.profile else ""
         return (
             f"{self.method_label()} on {self.model}, {precision}{delta}, seed {self.seed}: "
-            f"a trial of sweep {self.sweep} on the {self.backend} backend ({self.profile} profile)."
+            f"a trial of sweep {self.sweep} on the {self.backend} backend{budget}."
         )
 
     def run_name(self) -> str:

@@ -30,3 +30,8 @@ def is_headline(name: str) -> bool:
         and name.endswith(_TAIL)
         and "/" not in name[len(_HEAD) : -len(_TAIL)]
     )
+
+
+# Training diagnostics every backend logs under one name (design.md's metrics contract)
+MASKED_SHARE = "actor/pdm/masked_frac"  # share of the step's tokens the mask zeroed
+ENTROPY = "actor/entropy"  # mean token entropy of the policy (verl's name)

@@ -160,6 +160,17 @@ def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, str]:
     return flat
 
 
+def run_params(trial: Trial, steps: int | None = None) -> dict[str, str]:
+    """A trial's MLflow params: its identity as plain values, the recipe's parameters as
+    ``params.<name>``, and ``steps`` as trained (``steps``: the backend's count, where the trial
+    leaves it to the backend), so that a run never shows a value it did not train with."""
+    params = _flat({k: v for k, v in trial.identity().items() if k != "params"})
+    params.update(_flat(trial.params, "params."))
+    if steps is not None:
+        params["steps"] = str(steps)
+    return params
+
+
 def find_trial_runs(client, experiment_id: str, trial_hash: str) -> list:
     return with_retry(
         lambda: client.search_runs(
@@ -226,9 +237,17 @@ class TrialRun:
 
     @classmethod
     def start_or_resume(
-        cls, client, experiment_id: str, trial: Trial, tags: dict[str, str], log_params: bool = True
+        cls,
+        client,
+        experiment_id: str,
+        trial: Trial,
+        tags: dict[str, str],
+        log_params: bool = True,
+        steps: int | None = None,
     ) -> TrialRun | None:
-        """Open the trial's run (None if it already FINISHED)."""
+        """Open the trial's run (None if it already FINISHED). A new run's params are the
+        values it trains with (``run_params``; ``steps``: what its backend trains,
+        ``Backend.planned_steps``)."""
         runs = find_trial_runs(client, experiment_id, trial.trial_hash)
         if any(r.info.status == "FINISHED" for r in runs):
             return None
@@ -263,8 +282,7 @@ class TrialRun:
         if log_params:
             from mlflow.entities import Param
 
-            params = _flat({k: v for k, v in trial.identity().items() if k != "params"})
-            params.update(_flat(trial.params, "params."))
+            params = run_params(trial, steps)
             with_retry(
                 lambda: client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
             )

@@ -24,9 +24,10 @@ REFUSED = "cannot run on the embedded backend"
 
 
 def sim_config(trial: Trial) -> SimTrialConfig:
-    """The embedded backend's config for a trial: its model's stand-in, its delta (the first
-    delta-role parameter's value, ``Trial.delta``), and what the recipe's parameters of the
-    ``topk`` and ``ratio_cap`` roles say (PARAM_ROLES)."""
+    """The embedded backend's config for a trial: its model's stand-in, its profile and steps
+    (the sweep's, else the profile's), its delta (the first delta-role parameter's value,
+    ``Trial.delta``), and what the recipe's parameters of the ``topk`` and ``ratio_cap`` roles
+    say (PARAM_ROLES)."""
     from pydantic import ValidationError
 
     try:
@@ -48,6 +49,8 @@ def _config(trial: Trial) -> SimTrialConfig:
     ratio_cap = recipe.role_value("ratio_cap", trial.params)
     if ratio_cap is not None:
         extra["ratio_cap"] = float(ratio_cap)
+    if trial.steps is not None:  # the sweep's `steps`, else the profile's
+        extra["steps"] = trial.steps
     return SimTrialConfig(
         stand_in=MODELS[trial.model].sim_stand_in,
         precision=trial.precision,

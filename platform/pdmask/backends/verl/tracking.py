@@ -5,8 +5,9 @@ verl's ``Tracking`` (in the TaskRunner process) logs into MLflow: experiment =
 (design.md's contract) is set up by the job's environment (``overrides.job_env``):
 
 - attach: the sweep pre-creates the run with its ``pdm.*`` tags and passes ``MLFLOW_RUN_ID``;
-  verl logs into it. Tags only on the pre-created run: a param verl logs with a different value
-  makes MLflow fail, and verl then silently continues without MLflow;
+  verl logs into it. The pre-created run holds tags and pdmask's own params only (names
+  without a ``/``; verl's are ``/``-separated paths into its config): a param verl logs with a
+  different value makes MLflow fail, and verl then silently continues without MLflow;
 - tags at creation: ``MLFLOW_RUN_CONTEXT`` (JSON) becomes tags when verl creates the run.
 
 In the job, pdmask's trainer then checks that verl's MLflow backend really started, adds what only

@@ -8,7 +8,8 @@ run FAILED with the log's tail as ``pdm.failure_reason`` (every attempt's reason
 FINISHED is settled: FINISHED (tagged ``pdm.finished_by``) when the run has metrics, else a
 failed attempt. Every ended job's driver log (Jobs API) is appended to the trial's log in the
 state folder and logged as its run's artifact (``trial_logs.py``). A job API that does not answer
-is retried, a line per round, for ``PDM_CLUSTER_UNREACHABLE_SECONDS``; then ``ClusterLost``.
+is retried, a line per round, for ``PDM_CLUSTER_UNREACHABLE_SECONDS``; then ``ClusterLost``. Each
+round ends with the progress line when it is due (``progress.py``: counts, elapsed, ETA).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pdmask.backends.interface import JobBatch
 from pdmask.errors import ClusterLost
 from pdmask.orchestration.jobs.checks import UNREACHABLE_ENV, UNREACHABLE_SECONDS, poll_seconds
 from pdmask.orchestration.jobs.cluster import ClusterUnreachable, JobCluster, JobView, failure_kind
+from pdmask.orchestration.jobs.progress import JobsProgress
 from pdmask.orchestration.session import SweepSession
 from pdmask.registry import Trial
 from pdmask.tracking import TrialRun, runs_by_hash
@@ -57,6 +59,7 @@ class JobRunner:
     cluster: JobCluster
     batch: JobBatch  # the backend's jobs: each attempt's spec
     unreachable_s: float = UNREACHABLE_SECONDS  # how long the job API may be silent
+    progress: JobsProgress | None = None  # the progress line as it polls (None: none)
     _waiting_note: str = ""
     _down_since: float | None = None  # when the job API last stopped answering
 
@@ -118,6 +121,8 @@ class JobRunner:
                 self._unreachable(err, poll)
             else:
                 self._down_since = None
+            if self.progress is not None:
+                self.progress.tick(todo)
             if any(j.state in ("queued", "active") for j in todo):
                 stop.wait(poll)
 
@@ -193,7 +198,11 @@ class JobRunner:
 
     def _submit(self, job: TrialJob) -> None:
         run = TrialRun.start_or_resume(
-            self.client, self.session.experiment_id, job.trial, self.session.tags, log_params=False
+            self.client,
+            self.session.experiment_id,
+            job.trial,
+            self.session.tags,
+            steps=self.session.planned_steps(job.trial),
         )
         if run is None:  # another invocation finished it meanwhile
             job.state = "finished"
@@ -211,6 +220,8 @@ class JobRunner:
         job.attempts.add(attempt)
         job.tries_left -= 1
         job.sid, job.run_id, job.state = sid, run.run_id, "active"
+        if self.progress is not None:
+            self.progress.submitted(job.trial.trial_hash)
         self.session.gate.start(job.trial)
         metadata = {
             "pdm.sweep": self.session.sweep.name,

@@ -23,10 +23,12 @@ faults. Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
    which queued trials may go (``canary.py``): every setting's canary first, largest first; a
    setting's other trials once its canary reported its first training step and a validation; none
    of a setting a deterministic failure stopped (such a failure is never retried).
-5. Before each submission pdmask pre-creates (or resumes) the trial's one MLflow run with TAGS
-   ONLY (verl logs its config as params itself; a conflicting param would silently disable
-   MLflow) and passes it as ``MLFLOW_RUN_ID``; a retry attaches to the same run. Polling,
-   retries and settling each job: ``job_loop.py``.
+5. Before each submission pdmask pre-creates (or resumes) the trial's one MLflow run with its
+   tags and pdmask's params (``tracking.runs.run_params``: the values it trains with, ``steps``
+   included) and passes it as ``MLFLOW_RUN_ID``; a retry attaches to the same run. pdmask's
+   params have no ``/`` in their names and verl's are ``/``-separated paths into its config
+   (every top-level key of which is a section), so none conflicts: a conflicting param would
+   silently disable MLflow in verl. Polling, retries and settling each job: ``job_loop.py``.
 6. Ctrl-C, SIGTERM and SIGHUP detach (exit 130): the jobs keep running on the cluster, their
    runs RUNNING (the summary counts them); the same command attaches again. A job API that does
    not answer ends the sweep after ``PDM_CLUSTER_UNREACHABLE_SECONDS`` (``ClusterLost``, exit 1)
@@ -36,10 +38,12 @@ faults. Flow (``pdm sweep NAME --backend verl --address http://HEAD:8265``):
 from __future__ import annotations
 
 import os
+import time
 
 from pdmask.backends.interface import JobBatch, load_backend, submission_id
 from pdmask.console import table
 from pdmask.errors import ClusterLost, ConfigError, ValidationFailed
+from pdmask.orchestration.eta import Capacity
 from pdmask.orchestration.jobs.checks import (
     check_fit,
     poll_seconds,
@@ -49,9 +53,11 @@ from pdmask.orchestration.jobs.checks import (
 )
 from pdmask.orchestration.jobs.cluster import JobCluster
 from pdmask.orchestration.jobs.job_loop import JobRunner, TrialJob
+from pdmask.orchestration.jobs.progress import JobsProgress
 from pdmask.orchestration.launcher import Launched
 from pdmask.orchestration.session import SweepSession, Todo
-from pdmask.registry import CLUSTERS
+from pdmask.orchestration.trial_prices import planned
+from pdmask.registry import CLUSTERS, Trial
 from pdmask.tracking.runs import failure_headline
 
 
@@ -122,7 +128,13 @@ class JobsLauncher:
         order = session.gate.order  # every setting's canary first
         jobs = [TrialJob(t, batch.resources(t).gpus, tries_left=tries) for t in order]
         session.console.print(f"{len(jobs)} trial(s) to run as Ray jobs on {cluster.address}")
-        runner = JobRunner(session, cluster, batch, unreachable_s=unreachable_seconds())
+        runner = JobRunner(
+            session,
+            cluster,
+            batch,
+            unreachable_s=unreachable_seconds(),
+            progress=_progress(session, batch, order, node_gpus),
+        )
         runner.adopt(jobs)
         lost = None
         try:
@@ -146,6 +158,26 @@ class JobsLauncher:
             resume_note=f"detached: {len(active)} job(s) keep running on the cluster ({ids}); "
             "the same command attaches to them",
         )
+
+
+def _progress(
+    session: SweepSession, batch: JobBatch, order: list[Trial], node_gpus: list[float]
+) -> JobsProgress:
+    """The job loop's progress line, its ETA priced by the plan (the jobs' workloads, the
+    cost model, the cells' measured step times) until the jobs measure their own."""
+    specs = [batch.spec(t, run_id="", attempt=1).to_json() for t in order]
+    plans = planned(
+        order, session.planned_steps, cluster=session.cluster, specs=specs, tracking_uri=session.uri
+    )
+    wall_start = time.time() - (time.monotonic() - session.started)  # the sweep's, wall clock
+    return JobsProgress(
+        session.sweep.name,
+        session.client,
+        plans,
+        Capacity(units=sum(node_gpus), trials=session.max_concurrent),
+        session.console.print,
+        started=wall_start,
+    )
 
 
 def _jobs_table(session: SweepSession, jobs: list[TrialJob]) -> None:

@@ -121,6 +121,7 @@ class TuneLauncher:
         from ray import tune
 
         from pdmask.orchestration.cluster.watch import ClusterWatch
+        from pdmask.orchestration.trial_prices import planned
         from pdmask.orchestration.tune.progress import Phase, SweepProgress
         from pdmask.orchestration.tune.trainable import run_trial
         from pdmask.orchestration.tune.trial_config import tune_dirnames
@@ -131,6 +132,7 @@ class TuneLauncher:
         # the queued trials' names (a search's points are sampled as it goes: none known upfront)
         grid = session.gate.order if sweep.search is None else []
         names = {t.trial_hash: t.run_name() for t in grid}
+        plans = planned(grid, session.planned_steps, cluster=session.cluster)
         cpus = int(ray.cluster_resources().get("CPU", 1))  # one CPU per trial
         first_step = Phase(
             session.console,
@@ -145,6 +147,7 @@ class TuneLauncher:
             sweep=sweep.name,
             total=todo.count,
             slots=min(tune_config.max_concurrent_trials or cpus, cpus),
+            plans=plans,
             started=session.started,
             first_step=first_step,
         )

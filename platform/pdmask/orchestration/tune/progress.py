@@ -19,11 +19,18 @@ from rich.console import Console
 from rich.live import Live
 from rich.markup import escape
 
-from pdmask.orchestration.progress_view import FAILED, Row, duration, header, view
+from pdmask.orchestration.eta import Capacity, Planned, sweep_eta
+from pdmask.orchestration.progress_view import (
+    FAILED,
+    HEARTBEAT_S,
+    Row,
+    counts,
+    duration,
+    header,
+    view,
+)
 
 __all__ = ["HEARTBEAT_S", "Phase", "Row", "SweepProgress", "interactive"]
-
-HEARTBEAT_S = 45.0  # off a terminal, a line with the counts at least this often
 
 
 def interactive(console: Console) -> bool:
@@ -57,7 +64,8 @@ class SweepProgress(Callback):
 
     ``names``: run name of each planned trial by hash (the queued rows); ``total``: trials this
     invocation runs (default: one per name); ``slots``: how many run side by side (for the ETA;
-    the most seen running when larger); ``started``: when the sweep began, on ``clock``;
+    the most seen running when larger); ``plans``: how the plan prices each trial, by hash
+    (``eta.Planned``, for the ETA); ``started``: when the sweep began, on ``clock``;
     ``first_step``: the phase that ends when the first trial reports a step."""
 
     def __init__(
@@ -70,6 +78,7 @@ class SweepProgress(Callback):
         sweep: str = "sweep",
         total: int | None = None,
         slots: int = 1,
+        plans: dict[str, Planned] | None = None,
         clock: Callable[[], float] = time.monotonic,
         started: float | None = None,
         live: bool | None = None,
@@ -85,6 +94,7 @@ class SweepProgress(Callback):
         self.store_lost: str | None = None
         self.on_store_lost = on_store_lost
         self.sweep, self.total, self.slots = sweep, len(names) if total is None else total, slots
+        self.plans = plans or {}
         self.clock = clock
         self.started = clock() if started is None else started
         self.next_heartbeat: float | None = None  # due at once when Tune's loop starts
@@ -125,6 +135,7 @@ class SweepProgress(Callback):
         if result and "pdm_trial_hash" in result:
             row.trial_hash = result["pdm_trial_hash"]
             row.name = self.names.get(row.trial_hash, row.name)
+            row.plan = self.plans.get(row.trial_hash, row.plan)
         return row
 
     def _name_from_config(self, row: Row, config: dict | None) -> None:
@@ -137,6 +148,7 @@ class SweepProgress(Callback):
             return
         row.trial_hash = trial.trial_hash
         row.name = self.names.get(row.trial_hash) or trial.run_name()
+        row.plan = self.plans.get(row.trial_hash)
 
     def drop(self, hashes: list[str]) -> None:
         """Trials that will not start (their setting was stopped): no longer queued or counted."""
@@ -147,6 +159,17 @@ class SweepProgress(Callback):
         started = {r.trial_hash for r in self.rows.values()}
         return [n for h, n in self.names.items() if h not in started]
 
+    def eta(self, rows: list[Row], now: float) -> float | None:
+        """``eta.sweep_eta`` over the rows and the trials not started yet (in launch order; a
+        search's points, not known upfront, as the others)."""
+        unknown = Planned(cell="", steps=None)
+        started = {r.trial_hash for r in rows}
+        queued = [r.plan or unknown for r in rows if r.state == "pending"]  # Tune's, not started
+        queued += [self.plans.get(h) or unknown for h in self.names if h not in started]
+        left = counts(rows, self.total).queued
+        queued = queued[:left] + [unknown] * max(left - len(queued), 0)
+        return sweep_eta(rows, queued, now, Capacity(self._slots(rows)))
+
     def _event(self, row: Row, text: str) -> None:
         if self.live is None:
             self.console.print(f"[{time.strftime('%H:%M:%S')}] {escape(row.name)}: {escape(text)}")
@@ -154,7 +177,7 @@ class SweepProgress(Callback):
     def header(self) -> str:
         now = self.clock()
         rows = list(self.rows.values())
-        return header(self.sweep, rows, self.total, now - self.started, now, self._slots(rows))
+        return header(self.sweep, rows, self.total, now - self.started, self.eta(rows, now))
 
     def _slots(self, rows: list[Row]) -> int:
         return max(self.slots, sum(r.state == "running" for r in rows), 1)
@@ -245,7 +268,7 @@ class SweepProgress(Callback):
             total=self.total,
             elapsed=now - self.started,
             now=now,
-            slots=self._slots(rows),
+            eta=self.eta(rows, now),
             height=self.console.size.height,
         )
 

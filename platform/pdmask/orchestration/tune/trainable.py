@@ -29,7 +29,7 @@ from functools import partial
 from typing import Any
 
 from pdmask.errors import ConfigError, RecipeError, environment_error
-from pdmask.orchestration.trial_logs import captured, header, log_path, upload
+from pdmask.orchestration.trial_logs import captured, evaluation_line, header, log_path, upload
 from pdmask.orchestration.tune.search import OBJECTIVE, SEARCH_POINT_TAG
 from pdmask.orchestration.tune.trial_config import trial_from_config
 from pdmask.registry import Trial
@@ -85,7 +85,9 @@ def run_trial(config: dict[str, Any]) -> None:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
             tags[SEARCH_POINT_TAG] = json.dumps(config["search"], sort_keys=True)
-        run = TrialRun.start_or_resume(client, config["experiment_id"], trial, tags)
+        run = TrialRun.start_or_resume(
+            client, config["experiment_id"], trial, tags, steps=_planned_steps(config, trial)
+        )
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
             return
@@ -99,6 +101,17 @@ def run_trial(config: dict[str, Any]) -> None:
         tune.report(report)  # after the run is FINISHED: a stop arriving now cannot touch it
     finally:
         claim.release()
+
+
+def _planned_steps(config: dict[str, Any], trial: Trial) -> int | None:
+    """The steps the trial's backend trains (its run's ``steps`` param); None when its backend
+    cannot say (the attempt's own error handling meets why, with the run open)."""
+    from pdmask.backends.interface import load_backend
+
+    try:
+        return load_backend(config.get("backend") or trial.backend).planned_steps(trial)
+    except Exception:
+        return None
 
 
 def _attempt(
@@ -204,12 +217,21 @@ def _train(
     (workdir / "pid").write_text(str(os.getpid()))
     objective = config.get("objective")
     latest: dict[str, float] = {}
+    evaluated = [time.monotonic(), None]  # when and at which step the last evaluation was
 
     def reporter(step: int, metrics: dict[str, float]) -> None:
         if dog is not None:
             dog.beat(f"step {step}")
         run.log(step, metrics)
         latest.update(metrics)
+        now, since = time.monotonic(), evaluated[1]
+        rate = (now - evaluated[0]) / (step - since) if since is not None and step > since else None
+        line = evaluation_line(
+            step, base["pdm_total_steps"], metrics, config.get("eval_metric"), rate
+        )
+        if line is not None:  # into the trial's log (this process's stdout): ``pdm logs -f``
+            print(line, flush=True)
+            evaluated[:] = [now, step]
         report = {**base, "pdm_step": step, "pdm_attempt": run.attempt}
         if config.get("eval_metric") in latest:
             report["pdm_eval"] = latest[config["eval_metric"]]
