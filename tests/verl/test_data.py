@@ -461,7 +461,15 @@ def verl_dataset(monkeypatch, tmp_path):
         config = OmegaConf.create({"cache_dir": str(tmp_path / "verl-cache"), **cfg})
         return RLHFDataset(data_files=[str(f) for f in files], tokenizer=tokenizer, config=config)
 
-    return make
+    environ = os.environ
+    yield make
+    # The overlong filter (datasets' map in workers) leaves a new os.environ object behind; rich
+    # (typer's help and errors) keeps reading the original one, so a later in-process CLI test
+    # would lose its COLUMNS. Put the original back, with what the test left in it.
+    if os.environ is not environ:
+        environ.clear()
+        environ.update(os.environ)
+        os.environ = environ
 
 
 @pytest.mark.verl
