@@ -53,14 +53,19 @@ def logs(
     state_dir: StateDir = None,
 ) -> None:
     """Print a trial's log: its stdout and stderr, every attempt."""
+    from pdmask.cli._names import HASH_PREFIX, checked
     from pdmask.errors import ConfigError, known_names
     from pdmask.orchestration import trial_logs
 
+    # Both are matched against the log folder's names before any log is opened.
+    if sweep is not None:
+        checked(sweep, argument="--sweep", kind="sweep with logs", known=trial_logs.sweeps())
+    known = sorted({p.stem for p in trial_logs.all_logs(sweep)})
+    checked(run, argument="RUN", kind="run with a log", known=known, pattern=HASH_PREFIX)
     found = trial_logs.find(run, sweep)
     if not found:
-        known = sorted({p.stem for p in trial_logs.all_logs(sweep)})
         where = f"sweep {sweep!r}" if sweep else "any sweep"
-        raise ConfigError(f"no log of run {run!r} in {where}: {known_names(run, known)}")
+        raise ConfigError(f"no log in {where} has a trial hash {run}...; {known_names(run, known)}")
     if len(found) > 1:
         sweeps = ", ".join(sorted({p.parent.name for p in found}))
         names = ", ".join(sorted({p.stem for p in found}))

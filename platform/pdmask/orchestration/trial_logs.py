@@ -110,11 +110,17 @@ def upload(client, run_id: str, path: Path) -> bool:
         return False
 
 
-def all_logs(sweep: str | None = None) -> list[Path]:
-    """Every trial log in the state folder (of ``sweep`` only, if given)."""
+def sweeps() -> list[str]:
+    """The sweeps that have a folder of trial logs."""
     root = logs_dir()
-    pattern = f"{sweep}/*.log" if sweep else "*/*.log"
-    return sorted(root.glob(pattern)) if root.is_dir() else []
+    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+
+
+def all_logs(sweep: str | None = None) -> list[Path]:
+    """Every trial log in the state folder (of ``sweep`` only, if given). ``sweep`` is compared
+    with the folders' names, never made a path: ``..`` or a glob finds nothing."""
+    chosen = [s for s in sweeps() if sweep is None or s == sweep]
+    return sorted(log for s in chosen for log in (logs_dir() / s).glob("*.log"))
 
 
 def find(name: str, sweep: str | None = None) -> list[Path]:
