@@ -8,6 +8,12 @@ killed, an end line. At the end of an attempt the file is logged as the run's ar
 ``logs/<run name>.log`` (``upload``), best effort. A VeRL Ray Job's driver log, fetched from the
 Jobs API when the job ends, is appended to the same file after its own header (``append``).
 
+Each attempt's part of the file is capped (``max_attempt_bytes``, ``PDM_TRIAL_LOG_MAX_BYTES``):
+past the cap its first quarter and its last three quarters are kept and a line between them says
+how much was cut, so a recipe printing 100 MB leaves a log (and an artifact) of a few MB whose
+end, where a crash is told, is whole. An attempt is cut when it ends; one whose process was
+killed is cut when the next attempt starts.
+
 ``pdm logs`` finds a log by run name or trial-hash prefix (``find``) and reads the run id of its
 latest attempt from the header (``run_id``).
 """
@@ -26,6 +32,18 @@ from pdmask.paths import logs_dir
 
 ARTIFACT_DIR = "logs"  # the run's artifact: logs/<run name>.log
 HEADER = "=== pdm trial log"
+MAX_BYTES_ENV = "PDM_TRIAL_LOG_MAX_BYTES"
+DEFAULT_MAX_BYTES = 8 * 2**20  # per attempt: a crash's traceback and far more fit
+_CUT_CHUNK = 2**20  # how much of the kept tail is moved at once
+_MIN_CUT = 4096  # a cut smaller than this is not made (the line saying so would not fit)
+
+
+def max_attempt_bytes() -> int:
+    """How much of an attempt's output its log keeps (``PDM_TRIAL_LOG_MAX_BYTES``, else 8 MiB)."""
+    value = os.environ.get(MAX_BYTES_ENV, "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_BYTES
+
+
 _HEADER_FIELDS = re.compile(r"trial (?P<trial_hash>\w+), run (?P<run_id>\w+)")
 
 
@@ -58,7 +76,9 @@ def captured(path: Path, first_line: str) -> Iterator[Path]:
     log that cannot be opened is one line on stderr, never the trial's failure."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        _cap(path, _last_attempt_start(path))  # a killed attempt's part was never cut
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        start = os.fstat(target).st_size
         os.write(target, first_line.encode())
     except OSError as err:  # the trial's own writes will say what is wrong with the disk
         print(f"pdmask: cannot write the trial log {path}: {err}", file=sys.stderr)
@@ -80,6 +100,7 @@ def captured(path: Path, first_line: str) -> Iterator[Path]:
         os.dup2(saved[1], 2)
         for fd in saved:
             os.close(fd)
+        _cap(path, start)
         os.write(target, f"=== attempt ended: {ending} ===\n".encode())
         os.close(target)
 
@@ -95,8 +116,63 @@ def append(path: Path, first_line: str, text: str) -> Path:
     """An attempt's log fetched whole (a Ray Job's driver log), after its header line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as log:
+        start = log.seek(0, os.SEEK_END)
         log.write(first_line + text + ("" if text.endswith("\n") or not text else "\n"))
+    _cap(path, start)
     return path
+
+
+def _last_attempt_start(path: Path) -> int:
+    """Where the file's last attempt begins (its header line's offset; 0 for none), read in
+    blocks: a killed attempt may have left gigabytes without a line break."""
+    marker = b"\n" + HEADER.encode()
+    start, offset, carry = 0, 0, b""
+    try:
+        with path.open("rb") as log:
+            while block := log.read(_CUT_CHUNK):
+                data = carry + block
+                if (found := data.rfind(marker)) >= 0:
+                    start = offset - len(carry) + found + 1
+                carry = data[-len(marker) :]
+                offset += len(block)
+    except OSError:
+        pass
+    return start
+
+
+def _cap(path: Path, start: int) -> None:
+    """Cut the part of ``path`` from ``start`` on to ``max_attempt_bytes``: its first quarter
+    and last three quarters stay, with a line between saying what was cut. Best effort: a log
+    that cannot be cut stays whole. (Its own descriptor: Linux's pwrite ignores the offset of
+    one opened to append.)"""
+    limit = max_attempt_bytes()
+    try:
+        fd = os.open(path, os.O_RDWR)
+    except OSError:
+        return  # no log yet, or none that can be written: nothing to cut
+    try:
+        size = os.fstat(fd).st_size
+        if size - start <= limit + _MIN_CUT:
+            return
+        head_end = start + limit // 4
+        tail_start = size - (limit - limit // 4)
+        cut = (
+            f"\n=== pdm: {tail_start - head_end:,} bytes of this attempt's output cut here "
+            f"(its first {limit // 4:,} and last {limit - limit // 4:,} bytes kept; "
+            f"{MAX_BYTES_ENV}) ===\n"
+        ).encode()
+        # The tail moves forward in chunks, each read before anything after it is written.
+        write_at = head_end + len(cut)
+        os.pwrite(fd, cut, head_end)
+        for offset in range(tail_start, size, _CUT_CHUNK):
+            chunk = os.pread(fd, min(_CUT_CHUNK, size - offset), offset)
+            os.pwrite(fd, chunk, write_at)
+            write_at += len(chunk)
+        os.ftruncate(fd, write_at)
+    except OSError as err:
+        print(f"pdmask: could not cut the trial log to {limit} bytes: {err}", file=sys.stderr)
+    finally:
+        os.close(fd)
 
 
 def upload(client, run_id: str, path: Path) -> bool:
