@@ -91,6 +91,24 @@ def test_a_job_driver_log_appended_whole_is_cut_too(tmp_path, monkeypatch):
     assert len(CUT.findall(data.decode())) == 1
 
 
+def test_an_attempt_uploaded_before_it_ends_goes_up_cut(tmp_path, monkeypatch):
+    """The watchdog uploads a stalled attempt's log before the process ends: cut all the same."""
+    from mlflow import MlflowClient
+
+    monkeypatch.setenv(trial_logs.MAX_BYTES_ENV, str(CAP))
+    log = tmp_path / "run-a.log"
+    first = trial_logs.header("run-a", "abcd1234", "f" * 32, 1)
+    log.write_text(first + "start\n" + ("w" * 511 + "\n") * 4096 + "stalled here\n")
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    experiment = client.create_experiment("s", artifact_location=(tmp_path / "art").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    assert trial_logs.upload(client, run_id, log)
+    copy = Path(client.download_artifacts(run_id, "logs/run-a.log", str(tmp_path / "down")))
+    data = copy.read_bytes()
+    assert data == log.read_bytes() and len(data) < CAP + 1024
+    assert data.startswith(first.encode() + b"start") and data.endswith(b"stalled here\n")
+
+
 def test_the_cap_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv(trial_logs.MAX_BYTES_ENV, raising=False)
     assert trial_logs.max_attempt_bytes() == trial_logs.DEFAULT_MAX_BYTES

@@ -176,8 +176,10 @@ def _cap(path: Path, start: int) -> None:
 
 
 def upload(client, run_id: str, path: Path) -> bool:
-    """Log ``path`` as the run's artifact ``logs/<file name>``. Best effort: a log that cannot be
-    uploaded never fails its trial (one line on stderr says why)."""
+    """Log ``path`` as the run's artifact ``logs/<file name>``, its last attempt cut first (the
+    watchdog uploads a stalled attempt's log before its process ends). Best effort: a log that
+    cannot be uploaded never fails its trial (one line on stderr says why)."""
+    _cap(path, _last_attempt_start(path))
     try:
         client.log_artifact(run_id, str(path), artifact_path=ARTIFACT_DIR)
         return True
