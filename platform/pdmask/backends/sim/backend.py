@@ -86,6 +86,7 @@ class SimBackend:
         reporter: Reporter,
         workdir: Path,
         should_stop: Callable[[], bool],
+        note: Callable[[str], None],
     ) -> dict[str, float]:
         from pdmask.backends.sim.trainer import train_trial
 
@@ -95,6 +96,7 @@ class SimBackend:
             reporter=reporter,
             workdir=workdir,
             should_stop=should_stop,
+            note=note,
         )
 
 
