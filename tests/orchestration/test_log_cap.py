@@ -116,3 +116,29 @@ def test_the_cap_comes_from_the_environment(monkeypatch):
     assert trial_logs.max_attempt_bytes() == 5000
     monkeypatch.setenv(trial_logs.MAX_BYTES_ENV, "lots")
     assert trial_logs.max_attempt_bytes() == trial_logs.DEFAULT_MAX_BYTES
+
+
+@pytest.mark.parametrize("read", ["in the head", "in the part cut", "in the tail"])
+def test_a_follower_goes_on_from_the_same_byte_after_the_cut(tmp_path, monkeypatch, read):
+    """`pdm logs -f` had read part of an attempt when its end cut the log: it goes on from the
+    byte it had reached (or from the cut line, when that byte was cut out)."""
+    monkeypatch.setenv(trial_logs.MAX_BYTES_ENV, str(CAP))
+    log = tmp_path / "run-a.log"
+    lines = [f"line {i:06d} ".encode() + b"v" * 100 + b"\n" for i in range(8000)]
+    trial_logs.append(log, "=== pdm trial log: run-a attempt 1 ===\n", "short\n")
+    before = log.read_bytes()
+    log.write_bytes(before + b"=== pdm trial log: run-a attempt 2 ===\n" + b"".join(lines))
+    old = log.read_bytes()
+    offset = {"in the head": len(before) + 1000, "in the part cut": len(old) // 2}.get(
+        read, len(old) - 5000
+    )
+    trial_logs._cap(log, len(before))
+    new = log.read_bytes()
+    assert len(new) < offset or read == "in the head"
+    resumed = trial_logs.offset_after_cut(log, offset)
+    if read == "in the head":  # what it read stays where it was; the cut line comes later
+        assert resumed == offset and new[:offset] == old[:offset]
+    elif read == "in the part cut":
+        assert CUT.match(new[resumed:].decode()[1:]) and new.endswith(old[-5000:])
+    else:
+        assert new[resumed:] == old[offset:]

@@ -80,7 +80,12 @@ def logs(
 
 
 def _print_from(path: Path, offset: int) -> int:
-    """Print what ``path`` holds past ``offset``; the new offset."""
+    """Print what ``path`` holds past ``offset``; the new offset. A log shorter than ``offset``
+    was cut to its cap as an attempt ended: it goes on from the same byte in the cut file."""
+    from pdmask.orchestration import trial_logs
+
+    if path.stat().st_size < offset:
+        offset = trial_logs.offset_after_cut(path, offset)
     with path.open("rb") as log:
         log.seek(offset)
         data = log.read()

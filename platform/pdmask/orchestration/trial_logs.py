@@ -36,6 +36,7 @@ MAX_BYTES_ENV = "PDM_TRIAL_LOG_MAX_BYTES"
 DEFAULT_MAX_BYTES = 8 * 2**20  # per attempt: a crash's traceback and far more fit
 _CUT_CHUNK = 2**20  # how much of the kept tail is moved at once
 _MIN_CUT = 4096  # a cut smaller than this is not made (the line saying so would not fit)
+_CUT_LINE = re.compile(rb"\n=== pdm: ([\d,]+) bytes of this attempt's output cut here [^\n]*\n")
 
 
 def max_attempt_bytes() -> int:
@@ -138,6 +139,23 @@ def _last_attempt_start(path: Path) -> int:
     except OSError:
         pass
     return start
+
+
+def offset_after_cut(path: Path, offset: int) -> int:
+    """Where a reader that had read ``offset`` bytes of ``path`` goes on once a cut shrank it
+    (``pdm logs -f``): the same byte in the cut file, or the cut line when it was inside the part
+    cut out (the kept tail follows it)."""
+    data = path.read_bytes()
+    cuts = list(_CUT_LINE.finditer(data))
+    if not cuts:
+        return min(offset, len(data))
+    cut = cuts[-1]
+    removed = int(cut[1].replace(b",", b""))
+    if offset <= cut.start():
+        return offset
+    if offset <= cut.start() + removed:
+        return cut.start()
+    return min(offset - removed + len(cut[0]), len(data))
 
 
 def _cap(path: Path, start: int) -> None:
