@@ -20,12 +20,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "platform" / "pdmask"
 # Layer of each top-level part of pdmask; a part imports only parts of a lower layer.
 LAYERS = {
     "errors": 0,
-    "paths": 0,
     "console": 0,
     "process_group": 0,
     "loopback": 0,
     "trust_region": 1,  # the math
     "watchdog": 1,  # the progress watchdog of trials and jobs (imports errors)
+    "paths": 1,  # the project and state folders (imports errors: a missing PDM_PROJECT)
     "registry": 2,
     "tracking": 3,
     "backends": 4,

@@ -24,9 +24,23 @@ def _looks_like_project(path: Path) -> bool:
 
 
 def project_root() -> Path:
+    """The project root (see the module docstring).
+
+    Raises:
+        ConfigError: ``$PDM_PROJECT`` names a folder that does not exist.
+    """
     env = os.environ.get("PDM_PROJECT")
     if env:
-        return Path(env).resolve()
+        path = Path(env).expanduser().resolve()
+        if not path.is_dir():
+            from pdmask.errors import ConfigError
+
+            what = "is not a folder" if path.exists() else "does not exist"
+            raise ConfigError(
+                f"PDM_PROJECT={env}: {path} {what}; point it at the folder holding recipes/ "
+                "and sweeps/, or unset it to use the current folder's project"
+            )
+        return path
     here = Path.cwd().resolve()
     for candidate in (here, *here.parents):
         if _looks_like_project(candidate):

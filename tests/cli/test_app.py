@@ -105,6 +105,15 @@ def test_bad_input_exits_2_before_anything_runs(project):
     assert not (project / ".pdm" / "mlflow.db").exists()
 
 
+def test_a_missing_project_folder_is_named(project):
+    gone = project / "no-such-project"
+    for argv in (["sweeps", "list"], ["validate"], ["sweep", "smoke", "--dry-run"]):
+        result = pdm(*argv, env={"PDM_PROJECT": str(gone)})
+        assert result.exit_code == 2, (argv, result.output)
+        assert f"PDM_PROJECT={gone}: {gone} does not exist" in result.stderr, argv
+        assert "Traceback" not in result.output
+
+
 def test_ctrl_c_exits_130(project, monkeypatch):
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt

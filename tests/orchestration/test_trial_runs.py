@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -56,6 +57,27 @@ def test_a_checkpoint_only_continues_the_run_it_belongs_to(project):
     _assert_trained(client, second)
     assert "discarded" in second.data.tags["pdm.notes"]
     assert json.loads((workdir / "owner.json").read_text())["run_id"] == second.info.run_id
+
+    # Its checkpoints damaged (the last one truncated, the previous one random bytes) while the
+    # run is not finished (an interrupted sweep's): the rerun moves both aside, trains from
+    # scratch in the same run, says so in the trial log and the run's notes, and finishes.
+    client.set_terminated(second.info.run_id, status="KILLED")
+    last = (workdir / "checkpoint.pt").read_bytes()
+    (workdir / "checkpoint.pt").write_bytes(last[: len(last) // 3])
+    (workdir / "checkpoint.prev.pt").write_bytes(os.urandom(4096))
+    out = pdm(project, "sweep", "one")
+    assert out.returncode == 0, out.stdout + out.stderr
+    third = _only_run(client, "one")
+    assert third.info.run_id == second.info.run_id
+    _assert_trained(client, third)
+    assert sorted(p.name.split(".corrupt-")[0] for p in workdir.glob("*.corrupt-*")) == [
+        "checkpoint.prev.pt",
+        "checkpoint.pt",
+    ]
+    notes = [n["note"] for n in json.loads(third.data.tags["pdm.notes"])]
+    assert any(n.startswith("training from scratch") and "unreadable" in n for n in notes), notes
+    log = (project / ".pdm" / "logs" / "one" / f"{third.info.run_name}.log").read_text()
+    assert "moved aside to checkpoint.pt.corrupt-" in log
 
     # Another tracking store: its run must hold the whole trial too.
     other = project / ".pdm" / "other.db"

@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-import torch
+
+from pdmask.backends.sim.checkpoint import read_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.processes]
 
@@ -69,7 +70,7 @@ def test_kill_minus_9_then_rerun_resumes_from_the_checkpoint(tmp_path, sim_cache
             break
         time.sleep(0.05)
     assert proc.wait(timeout=60) == -signal.SIGKILL, "the trial was not killed mid-run"
-    checkpoint = torch.load(killed_dir / "checkpoint.pt", weights_only=False)
+    checkpoint = read_checkpoint(killed_dir / "checkpoint.pt")
     resumed_from = checkpoint["step"]
     reported_before_kill = [r["step"] for r in _reports(first)]
     assert 3 <= resumed_from < 10

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pdmask.backends.sim import EVAL_METRIC, train_trial
+from pdmask.backends.sim.checkpoint import read_checkpoint
 from pdmask.errors import TrialFailed
 from pdmask.trust_region import Method
 from tests.methods import method as recipe_method
@@ -91,7 +92,7 @@ def test_every_method_trains(method, learned_base_config, tmp_path):
     reports, final = run(cfg, tmp_path, method=method)
     assert final["sim/base_acc_mean_at_16"] > 0
     assert any(m["actor/grad_norm"] > 0 for _, m in reports[1:])
-    after = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["trainer"]
+    after = read_checkpoint(tmp_path / "checkpoint.pt")["state"]["trainer"]
     moved = [not torch.equal(b, a) for b, a in zip(before, after.values(), strict=True)]
     assert any(moved)
 
@@ -172,7 +173,7 @@ def test_the_lr_zero_control_never_moves_the_policy_and_logs_the_mismatch(smoke_
     ratio = (taken - batch.generation.mu_logp.double()).exp()[batch.valid]
 
     reports, _ = run(cfg, tmp_path)
-    after = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["trainer"]
+    after = read_checkpoint(tmp_path / "checkpoint.pt")["state"]["trainer"]
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing was learned
     step_one = reports[1][1]
     assert "actor/grad_norm" not in step_one  # no backward pass was taken
@@ -221,7 +222,7 @@ def test_the_output_layer_control_trains_the_lm_head_alone(learned_base_config, 
     before = {k: v.clone() for k, v in before.items()}
     reports, _ = run(cfg, tmp_path)
     assert any(m["actor/grad_norm"] > 0 for _, m in reports[1:])
-    after = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["state"]["trainer"]
+    after = read_checkpoint(tmp_path / "checkpoint.pt")["state"]["trainer"]
     moved = {k for k in before if not torch.equal(before[k], after[k])}
     assert moved == {"lm_head.weight"}
     assert "train_layers" in TrialState(cfg).identity()

@@ -63,10 +63,14 @@ class TrainsInProcess(Backend, Protocol):
         reporter: Reporter,
         workdir: Path,
         should_stop: Callable[[], bool],
+        note: Callable[[str], None],
     ) -> dict[str, float]:
         """Train ``trial`` in this process with ``recipe`` (the trial's own, as planned),
-        resuming from ``workdir``'s checkpoint; returns the final metrics. Raises ``ConfigError``
-        for input it refuses (never retried), ``TrialFailed`` when training diverges."""
+        resuming from ``workdir``'s checkpoint; returns the final metrics. ``note(line)``: what
+        happened to the trial besides training (a checkpoint found unreadable and moved aside,
+        where it resumed from), printed to the trial's log and kept in its run's ``pdm.notes``.
+        Raises ``ConfigError`` for input it refuses (never retried), ``TrialFailed`` when
+        training diverges."""
         ...
 
 

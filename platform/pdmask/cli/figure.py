@@ -67,8 +67,9 @@ def figure(
     trial hashes, git SHAs, the spec) and a summary table (final and best value per method and
     setting, paired differences against the baseline).
     """
+    from pdmask.cli._names import SWEEP_NAME, checked
     from pdmask.errors import ConfigError
-    from pdmask.figures.spec import available_specs, load_spec
+    from pdmask.figures.spec import SPEC_SUFFIXES, available_specs, load_spec
 
     if list_specs:
         for spec_name in available_specs():
@@ -78,7 +79,14 @@ def figure(
     if not name:
         raise ConfigError("give a figure name (pdm figure --list shows them)")
 
+    if not name.endswith(SPEC_SUFFIXES):  # a spec file is given by its path, a name is a name
+        checked(name, argument="NAME", kind="figure spec", known=available_specs())
     from pdmask.figures import build_figure
+    from pdmask.registry import load_registry
+
+    if sweep is not None:  # it names the output folder, <state>/figures/<sweep>/<name>
+        known = load_registry().sweeps
+        checked(sweep, argument="--sweep", kind="sweep", known=known, pattern=SWEEP_NAME)
 
     # styles=None: build_figure takes them from the recipe registry, else a fixed palette.
     result = build_figure(

@@ -53,14 +53,19 @@ def logs(
     state_dir: StateDir = None,
 ) -> None:
     """Print a trial's log: its stdout and stderr, every attempt."""
+    from pdmask.cli._names import HASH_PREFIX, checked
     from pdmask.errors import ConfigError, known_names
     from pdmask.orchestration import trial_logs
 
+    # Both are matched against the log folder's names before any log is opened.
+    if sweep is not None:
+        checked(sweep, argument="--sweep", kind="sweep with logs", known=trial_logs.sweeps())
+    known = sorted({p.stem for p in trial_logs.all_logs(sweep)})
+    checked(run, argument="RUN", kind="run with a log", known=known, pattern=HASH_PREFIX)
     found = trial_logs.find(run, sweep)
     if not found:
-        known = sorted({p.stem for p in trial_logs.all_logs(sweep)})
         where = f"sweep {sweep!r}" if sweep else "any sweep"
-        raise ConfigError(f"no log of run {run!r} in {where}: {known_names(run, known)}")
+        raise ConfigError(f"no log in {where} has a trial hash {run}...; {known_names(run, known)}")
     if len(found) > 1:
         sweeps = ", ".join(sorted({p.parent.name for p in found}))
         names = ", ".join(sorted({p.stem for p in found}))
@@ -75,7 +80,12 @@ def logs(
 
 
 def _print_from(path: Path, offset: int) -> int:
-    """Print what ``path`` holds past ``offset``; the new offset."""
+    """Print what ``path`` holds past ``offset``; the new offset. A log shorter than ``offset``
+    was cut to its cap as an attempt ended: it goes on from the same byte in the cut file."""
+    from pdmask.orchestration import trial_logs
+
+    if path.stat().st_size < offset:
+        offset = trial_logs.offset_after_cut(path, offset)
     with path.open("rb") as log:
         log.seek(offset)
         data = log.read()

@@ -12,13 +12,15 @@ the sampled token's log-prob, as vLLM would; stale minibatch updates add the pol
 
 Contract (the sweep runner and the registry call this):
 
-- ``train_trial(cfg, *, mask_fn, reporter, workdir, should_stop)`` runs one trial, deterministic
+- ``train_trial(cfg, *, mask_fn, reporter, workdir, should_stop, note)`` runs one trial, deterministic
   given ``cfg.seed`` on one machine, single-threaded. ``mask_fn`` is the recipe's
   ``pdmask.trust_region.Method`` (its mask and per-token loss, ``Recipe.method(params)``). ``reporter(step, metrics)`` is called at step 0 (the base
   model's evaluation only) and once per RL step 1..steps; evaluation steps (every ``eval_every``
   and the last) carry ``val-core/synth/acc/mean_at_16``. Checkpoints go to ``workdir`` every
   ``checkpoint_every`` steps, at the end and when ``should_stop()`` turns true; a rerun resumes
-  after the checkpoint's step (steps between the last checkpoint and a kill are reported again).
+  after the checkpoint's step (steps between the last checkpoint and a kill are reported again);
+  an unreadable checkpoint is moved aside and the trial resumes from the one before it or from
+  scratch, ``note(line)`` (default: stderr) told which (``checkpoint``).
   Raises ``TrialFailed`` on a non-finite loss. Returns the last step's metrics plus
   ``sim/base_acc_mean_at_16``, ``sim/steps_done``, ``sim/stopped``, ``sim/wall_s``. Per step it
   logs ``actor/entropy`` (verl's name and meaning), the trust-region diagnostics

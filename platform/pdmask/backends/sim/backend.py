@@ -89,6 +89,7 @@ class SimBackend:
         reporter: Reporter,
         workdir: Path,
         should_stop: Callable[[], bool],
+        note: Callable[[str], None],
     ) -> dict[str, float]:
         from pdmask.backends.sim.trainer import train_trial
 
@@ -98,6 +99,7 @@ class SimBackend:
             reporter=reporter,
             workdir=workdir,
             should_stop=should_stop,
+            note=note,
         )
 
 

@@ -7,6 +7,7 @@ everything, including the behaviour copy's weights exactly as they were served.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -83,8 +84,10 @@ class TrialState:
             last_metrics=self.last_metrics,
         )
 
-    def resume(self, workdir: Path) -> bool:
-        payload = load_checkpoint(workdir, self.identity())
+    def resume(self, workdir: Path, note: Callable[[str], None] | None = None) -> bool:
+        """Restore the newest readable checkpoint in ``workdir`` (False: none, start fresh);
+        ``note`` (default: stderr) hears of any checkpoint found unreadable and moved aside."""
+        payload = load_checkpoint(workdir, self.identity(), note)
         if payload is None:
             return False
         for name, obj in self.models().items():

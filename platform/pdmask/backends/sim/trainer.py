@@ -183,19 +183,20 @@ def train_trial(
     reporter: Reporter,
     workdir: Path,
     should_stop: Callable[[], bool] = lambda: False,
+    note: Callable[[str], None] | None = None,
 ) -> dict[str, float]:
     """Run (or resume) one trial; see the package docstring for the contract."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with single_threaded():  # two trials share two cores
-        return _run(cfg, mask_fn, reporter, workdir, should_stop)
+        return _run(cfg, mask_fn, reporter, workdir, should_stop, note)
 
 
-def _run(cfg, mask_fn, reporter, workdir, should_stop) -> dict[str, float]:
+def _run(cfg, mask_fn, reporter, workdir, should_stop, note) -> dict[str, float]:
     started = time.perf_counter()
     budget = cfg.resolved()
     state = TrialState(cfg)
-    if not state.resume(workdir):
+    if not state.resume(workdir, note):
         state.base_accuracy = evaluate(state, 0)
         reporter(0, {EVAL_METRIC: state.base_accuracy})
         state.save(workdir)

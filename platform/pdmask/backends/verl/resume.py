@@ -8,15 +8,47 @@ good. So a retry resumes from the newest kept checkpoint at or before the run's 
 and trains the unlogged steps again (verl keeps ``max_actor_ckpt_to_keep`` of them; the job
 builder keeps 2). If no kept checkpoint is that old, the latest is used as verl would, and the
 steps that stay unlogged are named in the run's ``pdm.verl.unlogged_steps`` tag.
+
+verl's tracker file is written in place (``open(..., "w")``): a job killed as it writes it leaves
+it empty, and verl's own resume then fails on it in every attempt. pdmask moves an unreadable
+tracker aside first (``set_aside_unreadable_tracker``): the trial trains from scratch (the steps
+its run already holds are not logged twice). The step folders themselves are verl's to load
+(``torch.load`` of its shards): a damaged shard still fails the attempt.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import time
 
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 TRACKER = "latest_checkpointed_iteration.txt"  # verl's tracker file of the latest complete save
+
+
+CORRUPT_SUFFIX = ".corrupt-"  # + the time it was found
+
+
+def set_aside_unreadable_tracker(folder: str) -> str | None:
+    """Move verl's tracker in ``folder`` aside (``<name>.corrupt-<time>``) when it holds no step
+    number; the line saying so, or None for a readable or missing tracker."""
+    if not folder:
+        return None
+    tracker = os.path.join(folder, TRACKER)
+    try:
+        with open(tracker, "rb") as fh:
+            int(fh.read().decode())  # what verl's find_latest_ckpt_path does with it
+        return None
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
+        why = " ".join(str(err).split())[:120] or type(err).__name__
+    aside = f"{tracker}{CORRUPT_SUFFIX}{time.strftime('%Y%m%dT%H%M%S')}"
+    os.replace(tracker, aside)
+    return (
+        f"verl's checkpoint tracker {TRACKER} unreadable ({why}), moved aside to "
+        f"{os.path.basename(aside)}: training from scratch"
+    )
 
 
 def kept_checkpoints(folder: str) -> dict[int, str]:

@@ -78,6 +78,9 @@ class PDMTrainerSync(PPOTrainerSync):
 
     def _load_checkpoint(self):
         trainer = self.config.trainer
+        if line := resume.set_aside_unreadable_tracker(trainer.default_local_dir):
+            print(f"pdmask: {line}", flush=True)
+            tracking.tag_run({"pdm.verl.checkpoint_set_aside": line})
         # Only verl's own choice is refined; an unknown last step (no run, store unreadable) keeps it.
         if trainer.resume_mode != "auto" or (last := tracking.last_logged_step()) is None:
             return super()._load_checkpoint()

@@ -12,7 +12,7 @@ STEPS = 5
 
 
 def busy_trial(
-    trial, recipe, *, reporter, workdir, should_stop, seconds: float = 1.0
+    trial, recipe, *, reporter, workdir, should_stop, note, seconds: float = 1.0
 ) -> dict[str, float]:
     per_step = seconds / STEPS
     for step in range(1, STEPS + 1):

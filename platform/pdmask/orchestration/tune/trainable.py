@@ -248,9 +248,14 @@ def _train(
     bounds = Bounds(**config["watchdog"]) if config.get("watchdog") else None
     log = log_path(trial.sweep, trial.run_name())
     dog = Watchdog(bounds, partial(_end_stalled, run, log)).start() if bounds else None
+
+    def note(line: str) -> None:  # the trial log (stderr goes there) and the run's record
+        print(f"pdmask: {line}", file=sys.stderr, flush=True)
+        run.note(line)
+
     try:
         summary = backend(
-            trial, recipe, reporter=reporter, workdir=workdir, should_stop=lambda: False
+            trial, recipe, reporter=reporter, workdir=workdir, should_stop=lambda: False, note=note
         )
     finally:
         if dog is not None:
