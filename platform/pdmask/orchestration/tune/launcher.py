@@ -188,6 +188,7 @@ class TuneLauncher:
             # still found in the workers.
             "backend": backend.spec,
             "eval_metric": backend.eval_metrics(session.cluster)[0],
+            "cluster": session.cluster,  # what a complete run holds (tracking/completeness.py)
             "calibration_seconds": self.calibration_seconds,
             "watchdog": asdict(trial_bounds()),
         }

@@ -192,12 +192,12 @@ def _train(
     from pdmask.backends.interface import load_backend
     from pdmask.orchestration.tune.calibration import STEPS as CALIBRATION_STEPS
     from pdmask.orchestration.workdirs import bind_workdir
+    from pdmask.tracking.completeness import Plan, require_complete
 
     runtime = load_backend(config.get("backend") or trial.backend)
     calibration = config.get("calibration_seconds")
-    base["pdm_total_steps"] = (
-        CALIBRATION_STEPS if calibration else runtime.planned_steps(trial)
-    ) or 0
+    plan = Plan(CALIBRATION_STEPS) if calibration else Plan.of(runtime, trial, config["cluster"])
+    base["pdm_total_steps"] = plan.last_step or 0
     workdir, discarded = bind_workdir(trial.trial_hash, run.run_id, where)
     if discarded:
         run.note("checkpoint of another run discarded (that run is lost): trained from scratch")
@@ -233,6 +233,7 @@ def _train(
     finally:
         if dog is not None:
             dog.stop()
+    require_complete(run.client, run.run_id, plan)  # IncompleteRun: a failed attempt
     run.finish(summary)
     final = {**base, "pdm_outcome": "finished", "pdm_step": run.last_step}
     if objective and objective in latest:
