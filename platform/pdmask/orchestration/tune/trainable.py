@@ -196,7 +196,11 @@ def _train(
 
     runtime = load_backend(config.get("backend") or trial.backend)
     calibration = config.get("calibration_seconds")
-    plan = Plan(CALIBRATION_STEPS) if calibration else Plan.of(runtime, trial, config["cluster"])
+    plan = (
+        Plan(CALIBRATION_STEPS)
+        if calibration
+        else Plan.of(runtime.planned_steps(trial), runtime.eval_metrics(config["cluster"]))
+    )
     base["pdm_total_steps"] = plan.last_step or 0
     workdir, discarded = bind_workdir(trial.trial_hash, run.run_id, where)
     if discarded:
