@@ -75,11 +75,13 @@ def logs(
 
 
 def _print_from(path: Path, offset: int) -> int:
-    """Print what ``path`` holds past ``offset``; the new offset."""
+    """Print what ``path`` holds past ``offset``, credentials hidden; the new offset."""
+    from pdmask.console import redact
+
     with path.open("rb") as log:
         log.seek(offset)
         data = log.read()
-    sys.stdout.write(data.decode(errors="replace"))
+    sys.stdout.write(redact(data.decode(errors="replace")))  # a log older than the rule's
     sys.stdout.flush()
     return offset + len(data)
 

@@ -17,11 +17,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from pdmask.console import redact
 from pdmask.paths import logs_dir
 
 ARTIFACT_DIR = "logs"  # the run's artifact: logs/<run name>.log
@@ -92,7 +94,9 @@ def _flush() -> None:
 
 
 def append(path: Path, first_line: str, text: str) -> Path:
-    """An attempt's log fetched whole (a Ray Job's driver log), after its header line."""
+    """An attempt's log fetched whole (a Ray Job's driver log), after its header line, its
+    credentials hidden (``console.redact``)."""
+    text = redact(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as log:
         log.write(first_line + text + ("" if text.endswith("\n") or not text else "\n"))
@@ -100,10 +104,14 @@ def append(path: Path, first_line: str, text: str) -> Path:
 
 
 def upload(client, run_id: str, path: Path) -> bool:
-    """Log ``path`` as the run's artifact ``logs/<file name>``. Best effort: a log that cannot be
-    uploaded never fails its trial (one line on stderr says why)."""
+    """Log ``path`` as the run's artifact ``logs/<file name>``, its credentials hidden (what a
+    process printed into it: ``console.redact``). Best effort: a log that cannot be uploaded
+    never fails its trial (one line on stderr says why)."""
     try:
-        client.log_artifact(run_id, str(path), artifact_path=ARTIFACT_DIR)
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / path.name
+            copy.write_text(redact(path.read_text(errors="replace")))
+            client.log_artifact(run_id, str(copy), artifact_path=ARTIFACT_DIR)
         return True
     except Exception as err:
         print(f"pdmask: could not log {path.name} to run {run_id}: {err}", file=sys.stderr)
