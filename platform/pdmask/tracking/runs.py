@@ -247,8 +247,9 @@ class TrialRun:
         if runs:
             run = runs[0]
             attempt = int(run.data.tags.get("pdm.attempts", "0")) + 1
-            if run.info.status == "RUNNING":
-                # Our process holds the trial's claim, so nobody else is in it: the last attempt died.
+            if run.info.status == "RUNNING" and attempt_failure(run) is None:
+                # Our process holds the trial's claim, so nobody else is in it: the last attempt
+                # died, and nobody recorded how (the sweep records a death it saw: tune/deaths.py)
                 _append_failure(
                     client,
                     run,

@@ -85,6 +85,10 @@ def run_trial(config: dict[str, Any]) -> None:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
             tags[SEARCH_POINT_TAG] = json.dumps(config["search"], sort_keys=True)
+        gave_up = _given_up(client, config, trial)
+        if gave_up:  # its worker died twice alike in this invocation (``deaths.py``)
+            tune.report({**base, "pdm_outcome": "deterministic-error", "pdm_error": gave_up})
+            return
         run = TrialRun.start_or_resume(client, config["experiment_id"], trial, tags)
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
@@ -150,6 +154,18 @@ def _attempt(
             print(f"not retried ({kind}): {reason.splitlines()[0]}", file=sys.stderr)
             return {**base, "pdm_outcome": "deterministic-error", "pdm_error": reason[:500]}
         raise
+
+
+def _given_up(client, config: dict[str, Any], trial: Trial) -> str | None:
+    """Why this attempt must not train: its run's last failure, in this invocation, was a worker
+    death alike an earlier one (``deaths.given_up``); None otherwise."""
+    from pdmask.orchestration.tune.deaths import SINCE_KEY, given_up
+    from pdmask.tracking.runs import find_trial_runs
+
+    if SINCE_KEY not in config:
+        return None
+    runs = find_trial_runs(client, config["experiment_id"], trial.trial_hash)
+    return given_up(runs[0], config[SINCE_KEY]) if runs else None
 
 
 WAIT_POLL_S = 2.0  # how often a trial waiting for another sweep's claim looks again
