@@ -17,7 +17,7 @@ from pdmask.orchestration.jobs.job_loop import JobRunner, TrialJob
 from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.session import SweepSession
 from pdmask.registry import load_registry
-from pdmask.tracking import TrialRun, ensure_experiment, open_client, runs_by_hash
+from pdmask.tracking import TrialRun, runs_by_hash
 from pdmask.tracking.completeness import Plan
 from tests.cluster.conftest import ROOT
 
@@ -25,13 +25,8 @@ pytestmark = pytest.mark.processes
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """One store for the module (creating a sqlite store takes seconds); each test its own trial."""
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDM_HOME", str(home))
-        client = open_client(f"sqlite:///{home / 'mlflow.db'}")
-        yield client, ensure_experiment(client, "main-figure")
+def store(main_figure_store):
+    return main_figure_store
 
 
 def _runner(client, experiment_id) -> tuple[JobRunner, io.StringIO]:

@@ -9,7 +9,7 @@ import pytest
 from pdmask.backends.interface import load_backend
 from pdmask.errors import IncompleteRun
 from pdmask.registry import load_registry
-from pdmask.tracking import TrialRun, ensure_experiment, open_client
+from pdmask.tracking import TrialRun
 from pdmask.tracking.completeness import Plan, gap, require_complete
 from pdmask.tracking.runs import FailureKind, attempt_kind, exception_kind
 
@@ -19,12 +19,8 @@ pytestmark = pytest.mark.processes
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDM_HOME", str(home))
-        client = open_client(f"sqlite:///{home / 'mlflow.db'}")
-        yield client, ensure_experiment(client, "main-figure")
+def store(main_figure_store):
+    return main_figure_store
 
 
 def _open(store, index: int) -> tuple[TrialRun, Plan]:
