@@ -4,14 +4,16 @@ Outcomes reported to Tune (``pdm_outcome``): ``finished``, ``already-done`` (a F
 ``claimed-elsewhere`` (another live invocation trains it), ``config-error`` (never retried: the
 run is FAILED with the reason and ``pdm.failure_kind=config``), ``recipe-error`` (likewise),
 ``deterministic-error`` (an import error, an engine refusal, or a crash alike an earlier
-attempt's: ``tracking.runs.FailureKind``; never retried), ``stalled`` (the trial stalled
-more than ``STALL_RETRIES`` times: not retried again), ``store-unwritable`` (it crashed and its
-store could not record why either: a full disk, a deleted state folder; not retried, the sweep
-ends with ``environment_error``'s line). Everything after the run is open, the
-backend's own config included, runs inside that error handling. A crash (exception, NaN loss) is
-recorded on the run and re-raised so Tune retries it; a killed process is noticed and recorded by
-the next attempt, which resumes from the trial's checkpoint if that checkpoint belongs to the
-same run (``workdirs.py``).
+attempt's: ``tracking.runs.FailureKind``; never retried; also an attempt that gives up at once
+because its worker died twice alike in this invocation: ``deaths.py``), ``stalled`` (the trial
+stalled more than ``STALL_RETRIES`` times: not retried again), ``store-unwritable`` (it crashed
+and its store could not record why either: a full disk, a deleted state folder; not retried, the
+sweep ends with ``environment_error``'s line). Everything after the run is open, the backend's
+own config included, runs inside that error handling. A crash (exception, NaN loss) is recorded
+on the run and re-raised so Tune retries it, and so is a run that is not complete when training
+returns (``tracking/completeness.py``); a killed process is recorded by the sweep
+(``deaths.py``), or else by the next attempt, which resumes from the trial's checkpoint if that
+checkpoint belongs to the same run (``workdirs.py``).
 
 Each attempt trains under pdmask's watchdog (``pdmask/watchdog.py``), beaten at every reported
 step: a trial that stops reporting steps (a recipe stuck in a loop, a deadlock, a hung store) is
