@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.orchestration.tune.deaths import death_of, oom_kills
+from pdmask.orchestration.tune.deaths import death_of, is_worker_death, last_failure, oom_kills
 from pdmask.tracking.runs import FailureKind
 from tests.orchestration.conftest import env_for, sweep_runs, write_sweep
 
@@ -169,6 +169,16 @@ def test_a_death_is_named_by_ray_s_exit_detail_not_its_list_of_common_causes():
         "worker died: its process ended without a report and no stop was asked (SYSTEM_ERROR: "
         "Worker unexpectedly exits with a connection error code 2. End of file.)"
     )
+
+
+def test_a_lost_node_or_a_ray_kill_is_not_the_trial_s_death():
+    """A raylet lost with its node is the cluster's fault (``cluster/watch.py`` ends the sweep,
+    its runs resumable); only a worker process that died, or Ray's memory monitor, is a death."""
+    assert is_worker_death(last_failure(RAY_DEATH)) and is_worker_death(last_failure(RAY_OOM))
+    node = "Failure # 1 (occurred at x)\nThe actor died because its node has died. Node Id: ab\n"
+    killed = "Failure # 1 (occurred at x)\nThe actor is dead because it was killed by `ray.kill`."
+    assert not is_worker_death(last_failure(node)) and not is_worker_death(last_failure(killed))
+    assert not is_worker_death(last_failure(RAY_DEATH + node))  # the last failure counts
 
 
 def test_out_of_memory_from_the_oom_counter_or_ray_s_memory_monitor():

@@ -28,6 +28,9 @@ from pdmask.tracking.runs import (
     find_trial_runs,
 )
 
+# Ray's words (its GCS's) for an actor whose own process died; a lost node, an owner that died
+# or a ``ray.kill`` are said otherwise and are not the trial's death (``cluster/watch.py``).
+WORKER_DIED = "its worker process has died"
 # Ray's words when its own memory monitor ended a worker (not the list of "common causes"
 # every worker death carries, which names the OOM killer whatever happened).
 RAY_OOM = re.compile(r"OutOfMemoryError|memory monitor|running low on memory")
@@ -71,11 +74,20 @@ def oom_kills(proc: Path = Path("/proc/self"), root: Path = Path("/sys/fs/cgroup
     return None
 
 
+def last_failure(error: str | None) -> str:
+    """The last failure in Tune's error file of a trial (it appends one per failed attempt)."""
+    return _FAILURE_BLOCK.split(error or "")[-1].strip()
+
+
+def is_worker_death(text: str) -> bool:
+    """Whether Ray's account of a failure (``last_failure``) is its worker process dying."""
+    return WORKER_DIED in text or bool(RAY_OOM.search(text))
+
+
 def death_of(error: str | None, oom_killed: bool) -> tuple[FailureKind, str]:
     """The kind and reason (first line: the cause) of a worker death from Tune's error text for
     the attempt (``error``) and whether the OOM kill counter rose (``oom_killed``)."""
-    blocks = _FAILURE_BLOCK.split(error or "")
-    text = blocks[-1].strip()
+    text = last_failure(error)
     found = _EXIT_DETAIL.search(text)
     detail = f"{found.group(1)}: {found.group(2).strip()}" if found else None
     headline = text.splitlines()[0] if text else "no error from Ray"
@@ -108,7 +120,7 @@ class DeathRecorder:
         """``(line, given_up)``: the death's line for the progress display, once recorded on the
         trial's RUNNING run (``final``: Tune will not retry it), and whether it is REPEATED (not
         retried again); ``(None, False)`` when there is nothing to record."""
-        if self.stop_requested():
+        if self.stop_requested() or not is_worker_death(last_failure(error)):
             return None, False
         runs = find_trial_runs(self.client, self.experiment_id, trial_hash)
         if not runs or runs[0].info.status != "RUNNING" or attempt_failure(runs[0]):
