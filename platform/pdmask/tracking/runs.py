@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from pdmask.console import redact
 from pdmask.registry import Trial
 from pdmask.tracking.metric_names import sanitize_metric
 from pdmask.tracking.store import DESCRIPTION_TAG
@@ -320,7 +321,8 @@ class TrialRun:
         """Record a failure (``reason``: its first line names it) and its kind (tag
         ``pdm.failure_kind``), a crash alike an earlier attempt's as REPEATED (``attempt_kind``);
         ``final`` marks the run FAILED (no retry left). Returns the kind recorded: a
-        deterministic one is never retried."""
+        deterministic one is never retried. No credential is kept (``console.redact``)."""
+        reason = redact(reason)
         run = with_retry(lambda: self.client.get_run(self.run_id))
         kind = attempt_kind(FailureKind(kind), failure_headline(reason), failures_of(run))
         _append_failure(self.client, run, reason, kind)
