@@ -25,6 +25,7 @@ from pdmask.tracking.store import DESCRIPTION_TAG
 T = TypeVar("T")
 FAILURE_KIND_TAG = "pdm.failure_kind"
 FAILURES_TAG = "pdm.failures"  # every attempt's failure: attempt, reason, kind, fingerprint, time
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # a failure's or a note's time (local, sortable as text)
 
 
 class FailureKind(StrEnum):
@@ -337,7 +338,7 @@ class TrialRun:
         """Add a line to the run's ``pdm.notes`` tag (what happened to it besides training)."""
         run = with_retry(lambda: self.client.get_run(self.run_id))
         notes = json.loads(run.data.tags.get("pdm.notes", "[]"))
-        notes.append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "note": text[:300]})
+        notes.append({"time": time.strftime(TIME_FORMAT), "note": text[:300]})
         with_retry(lambda: self.client.set_tag(self.run_id, "pdm.notes", json.dumps(notes[-20:])))
 
     def interrupted(self) -> None:
@@ -357,7 +358,7 @@ def _append_failure(client, run, reason: str, kind: FailureKind = FailureKind.CR
             "reason": reason[:500],
             "kind": kind.value,
             "fingerprint": fingerprint(failure_headline(reason)),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "time": time.strftime(TIME_FORMAT),
         }
     )
     text = json.dumps(failures[-20:])

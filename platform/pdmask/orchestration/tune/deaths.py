@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pdmask.tracking.runs import (
+    TIME_FORMAT,
     FailureKind,
     TrialRun,
     attempt_failure,
@@ -42,7 +43,6 @@ _FAILURE_BLOCK = re.compile(r"^Failure # \d+ \(occurred at [^)]*\)\n", re.M)
 # The config key with the wall-clock time the sweep's invocation launched its trials: a death
 # recorded REPEATED since then is not retried again within it (a later invocation retries).
 SINCE_KEY = "launched_at"
-TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # as ``tracking.runs`` stamps each failure
 
 
 def oom_kills(proc: Path = Path("/proc/self"), root: Path = Path("/sys/fs/cgroup")) -> int | None:
