@@ -94,6 +94,19 @@ LONGEST_FIRST = (
 TESTS = Path(__file__).parent
 
 
+@pytest.fixture(scope="module")
+def main_figure_store(tmp_path_factory):
+    """``(client, experiment id)``: a real sqlite MLflow store with the experiment main-figure,
+    one per module (creating a store takes seconds); each test its own trial's run."""
+    from pdmask.tracking import ensure_experiment, open_client
+
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PDM_HOME", str(home))
+        client = open_client(f"sqlite:///{home / 'mlflow.db'}")
+        yield client, ensure_experiment(client, "main-figure")
+
+
 def _module(item) -> str:
     return Path(item.fspath).relative_to(TESTS).as_posix()
 

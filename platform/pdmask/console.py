@@ -1,12 +1,21 @@
-"""Console output shared by the CLI and the orchestration: rich tables and JSON.
+"""Console output shared by the CLI and the orchestration: rich tables and JSON, and the one
+redaction rule every writer applies (``redact``).
 
 It sits below both (it imports nothing of pdmask), so the runners print the same tables as the
 commands without importing the CLI.
+
+No credential leaves pdmask: a URI's password (``scheme://user:PASSWORD@host``) and the value of
+a secret variable (``MLFLOW_TRACKING_PASSWORD=...``, ``"RAY_AUTH_TOKEN": "..."``) are replaced
+by ``***`` in everything pdmask prints or writes (the console, JSON, trial logs and their
+artifacts, ``pdm logs``). Secrets reach Ray jobs and workers through their environment only.
+MLflow itself prints a run's URL, password included, when a run ends: ``QUIET_MLFLOW`` is the
+environment that stops it, set in every process pdmask starts or runs trials in.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -17,6 +26,23 @@ from rich.table import Table
 # Off a terminal (a pipe, a log, CI) nothing reflows the text afterwards: a table is printed as wide
 # as its cells need (up to this), never with its cells cut to an assumed width.
 PIPED_WIDTH = 400
+
+_URI_PASSWORD = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/@\s:]*):(?P<password>[^/\s]*)@")
+# An upper-case variable naming a password, token or secret, then its value (as ``KEY=value``,
+# ``KEY: value`` or JSON's ``"KEY": "value"``).
+_SECRET_VALUE = re.compile(
+    r"(?P<key>\b[A-Z][A-Z0-9_]*(?:PASSWORD|TOKEN|SECRET)[A-Z0-9_]*)"
+    r"(?P<sep>[\"']?\s*[=:]\s*[\"']?)(?P<value>[^\s\"',}]+)"
+)
+# MLflow's "View run ... at: <tracking URI>/..." lines, off (mlflow.environment_variables)
+QUIET_MLFLOW = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
+
+
+def redact(text: str) -> str:
+    """``text`` with every credential in it replaced by ``***``: the password of a URI and the
+    value of a password, token or secret variable."""
+    text = _URI_PASSWORD.sub(lambda m: f"{m['head']}:***@", text)
+    return _SECRET_VALUE.sub(lambda m: f"{m['key']}{m['sep']}***", text)
 
 
 def console() -> Console:
@@ -39,5 +65,4 @@ def table(
 
 
 def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, default=str)
-    sys.stdout.write("\n")
+    sys.stdout.write(redact(json.dumps(data, indent=2, default=str)) + "\n")

@@ -153,6 +153,11 @@ class TrialFailed(PdmError):
     exit_code = 1
 
 
+class IncompleteRun(TrialFailed):
+    """A trial's training ended, but its run lacks planned steps or validations
+    (``tracking/completeness.py``): never FINISHED; retried, resuming from its checkpoint."""
+
+
 # What to do about each failure of the machine a command runs on (see the module docstring).
 _ENVIRONMENT_HINTS = {
     errno.ENOSPC: "the disk is full: free space (or point PDM_HOME at another disk)",

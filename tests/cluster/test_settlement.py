@@ -7,6 +7,7 @@ import io
 import json
 
 import pytest
+from mlflow.entities import Metric
 from rich.console import Console
 
 from pdmask.backends.interface import load_backend
@@ -16,27 +17,23 @@ from pdmask.orchestration.jobs.job_loop import JobRunner, TrialJob
 from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.session import SweepSession
 from pdmask.registry import load_registry
-from pdmask.tracking import TrialRun, ensure_experiment, open_client, runs_by_hash
+from pdmask.tracking import TrialRun, runs_by_hash
+from pdmask.tracking.completeness import Plan
 from tests.cluster.conftest import ROOT
 
 pytestmark = pytest.mark.processes
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    """One store for the module (creating a sqlite store takes seconds); each test its own trial."""
-    home = tmp_path_factory.mktemp("home")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PDM_HOME", str(home))
-        client = open_client(f"sqlite:///{home / 'mlflow.db'}")
-        yield client, ensure_experiment(client, "main-figure")
+def store(main_figure_store):
+    return main_figure_store
 
 
 def _runner(client, experiment_id) -> tuple[JobRunner, io.StringIO]:
     out = io.StringIO()
     session = SweepSession(
         reg=None,
-        sweep=None,
+        sweep=load_registry(ROOT).sweeps["main-figure"],  # its cluster: what a run must hold
         trials=[],
         options=SweepOptions(),
         client=client,
@@ -83,15 +80,73 @@ def test_success_without_metrics_is_a_failed_attempt(store):
     assert len(json.loads(client.get_run(job.run_id).data.tags["pdm.failures"])) == 2
 
 
-def test_success_with_metrics_finishes_the_run_and_says_who(store):
+def _log_until(client, runner, job, last: int, validations=None) -> None:
+    """What a verl job logs: a training metric per step up to ``last``, each evaluation metric
+    at ``validations`` (the plan's: before training and at the planned last step)."""
+    plan = _plan(runner, job)
+    steps = [Metric("training/global_step", s, 0, s) for s in range(1, last + 1)]
+    checks = [
+        Metric(m, 0.3, 0, s)
+        for m in plan.eval_metrics
+        for s in (plan.validations if validations is None else validations)
+    ]
+    client.log_batch(job.run_id, metrics=steps + checks)
+
+
+def _plan(runner, job) -> Plan:
+    backend = load_backend("verl")
+    return Plan.of(backend.planned_steps(job.trial), backend.eval_metrics(runner.session.cluster))
+
+
+def test_success_with_a_complete_run_finishes_it_and_says_who(store):
     client, exp = store
     runner, _ = _runner(client, exp)
     job = _job(client, exp, tries_left=0, index=1)
-    client.log_metric(job.run_id, "val-core/aime24/acc/mean_at_16", 0.3, step=0)
+    _log_until(client, runner, job, _plan(runner, job).last_step)
     runner._settle(job, _succeeded(job))
     run = client.get_run(job.run_id)
     assert job.state == "finished" and run.info.status == "FINISHED"
     assert "SUCCEEDED" in run.data.tags["pdm.finished_by"]
+
+
+@pytest.mark.parametrize("closed", ["FINISHED", "RUNNING"])
+def test_a_run_whose_metrics_stop_early_is_not_finished(store, closed):
+    """verl's MLflow adapter drops a step's metrics after three failed writes, trains on and its
+    TaskRunner closes the run FINISHED: the job SUCCEEDED, but the run stops before the planned
+    last step. It is a failed attempt naming the gap (retried), never FINISHED."""
+    client, exp = store
+    runner, out = _runner(client, exp)
+    job = _job(client, exp, tries_left=1, index=6 if closed == "FINISHED" else 7)
+    last = _plan(runner, job).last_step
+    _log_until(client, runner, job, last // 2, validations=[0])
+    client.set_terminated(job.run_id, status=closed)
+    runner._settle(job, _succeeded(job))
+    run = client.get_run(job.run_id)
+    assert job.state == "queued" and "retrying" in out.getvalue()
+    assert run.info.status == "FAILED"
+    assert run.data.tags["pdm.failure_kind"] == "incomplete"
+    assert (
+        f"its metrics stop at step {last // 2}, before the planned last step {last}"
+        in run.data.tags["pdm.failure_reason"]
+    )
+    assert "pdm.finished_by" not in run.data.tags
+
+
+def test_a_run_without_its_last_validation_is_not_finished(store):
+    """Every step trained and logged, but the validation at the last step never reached the run:
+    its curves would end before the result the figure reads."""
+    client, exp = store
+    runner, _ = _runner(client, exp)
+    job = _job(client, exp, tries_left=0, index=8)
+    plan = _plan(runner, job)
+    _log_until(client, runner, job, plan.last_step, validations=[0])
+    client.set_terminated(job.run_id, status="FINISHED")
+    runner._settle(job, _succeeded(job))
+    run = client.get_run(job.run_id)
+    assert job.state == "failed" and run.info.status == "FAILED"
+    reason = run.data.tags["pdm.failure_reason"]
+    assert "its planned validations are missing" in reason
+    assert all(f"{m} at step {plan.last_step}" in reason for m in plan.eval_metrics)
 
 
 def test_success_with_a_failed_run_keeps_the_run_s_reason(store):

@@ -469,7 +469,7 @@ def verl_dataset(monkeypatch, tmp_path):
     if os.environ is not environ:
         environ.clear()
         environ.update(os.environ)
-        os.environ = environ
+        os.environ = environ  # noqa: B003 (the object itself is what rich holds)
 
 
 @pytest.mark.verl

@@ -80,8 +80,10 @@ def logs(
 
 
 def _print_from(path: Path, offset: int) -> int:
-    """Print what ``path`` holds past ``offset``; the new offset. A log shorter than ``offset``
-    was cut to its cap as an attempt ended: it goes on from the same byte in the cut file."""
+    """Print what ``path`` holds past ``offset``, credentials hidden; the new offset. A log
+    shorter than ``offset`` was cut to its cap as an attempt ended: it goes on from the same byte
+    in the cut file."""
+    from pdmask.console import redact
     from pdmask.orchestration import trial_logs
 
     if path.stat().st_size < offset:
@@ -89,7 +91,7 @@ def _print_from(path: Path, offset: int) -> int:
     with path.open("rb") as log:
         log.seek(offset)
         data = log.read()
-    sys.stdout.write(data.decode(errors="replace"))
+    sys.stdout.write(redact(data.decode(errors="replace")))  # a log older than the rule's
     sys.stdout.flush()
     return offset + len(data)
 

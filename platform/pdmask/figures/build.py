@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from pdmask import __version__
+from pdmask.console import redact
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
 from pdmask.figures.metric_names import stored_pattern
@@ -170,7 +171,7 @@ def _manifest(ctx, uri, name, cells, datasets, notes, stats) -> dict:
     return {
         "figure": spec.name,
         "sweep": ctx.sweep,
-        "tracking_uri": uri,
+        "tracking_uri": redact(uri),  # no password in a file (console.redact)
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "pdmask_version": __version__,
         "spec_file": spec_path(name).name,

@@ -26,11 +26,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from pdmask.console import redact
 from pdmask.orchestration.progress_view import headline_label
 from pdmask.paths import logs_dir
 from pdmask.tracking.metric_names import ENTROPY, MASKED_SHARE
@@ -141,7 +143,9 @@ def _flush() -> None:
 
 
 def append(path: Path, first_line: str, text: str) -> Path:
-    """An attempt's log fetched whole (a Ray Job's driver log), after its header line."""
+    """An attempt's log fetched whole (a Ray Job's driver log), after its header line, its
+    credentials hidden (``console.redact``)."""
+    text = redact(text)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a") as log:
         start = log.seek(0, os.SEEK_END)
@@ -222,11 +226,15 @@ def _cap(path: Path, start: int) -> None:
 
 def upload(client, run_id: str, path: Path) -> bool:
     """Log ``path`` as the run's artifact ``logs/<file name>``, its last attempt cut first (the
-    watchdog uploads a stalled attempt's log before its process ends). Best effort: a log that
-    cannot be uploaded never fails its trial (one line on stderr says why)."""
+    watchdog uploads a stalled attempt's log before its process ends) and its credentials hidden
+    (what a process printed into it: ``console.redact``). Best effort: a log that cannot be
+    uploaded never fails its trial (one line on stderr says why)."""
     _cap(path, _last_attempt_start(path))
     try:
-        client.log_artifact(run_id, str(path), artifact_path=ARTIFACT_DIR)
+        with tempfile.TemporaryDirectory() as scratch:
+            copy = Path(scratch) / path.name
+            copy.write_text(redact(path.read_text(errors="replace")))
+            client.log_artifact(run_id, str(copy), artifact_path=ARTIFACT_DIR)
         return True
     except Exception as err:
         print(f"pdmask: could not log {path.name} to run {run_id}: {err}", file=sys.stderr)

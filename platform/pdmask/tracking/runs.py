@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from pdmask.errors import TrialFailed
+from pdmask.console import redact
 from pdmask.registry import Trial
 from pdmask.tracking.metric_names import sanitize_metric
 from pdmask.tracking.store import DESCRIPTION_TAG
@@ -25,6 +25,7 @@ from pdmask.tracking.store import DESCRIPTION_TAG
 T = TypeVar("T")
 FAILURE_KIND_TAG = "pdm.failure_kind"
 FAILURES_TAG = "pdm.failures"  # every attempt's failure: attempt, reason, kind, fingerprint, time
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S"  # a failure's or a note's time (local, sortable as text)
 
 
 class FailureKind(StrEnum):
@@ -41,6 +42,9 @@ class FailureKind(StrEnum):
     RECIPE = "recipe"  # its recipe's own code raised (``errors.RecipeError``)
     IMPORT = "import"  # a module it needs is missing (ImportError): the install's fault
     ENGINE = "engine"  # the inference engine refused to start with its settings
+    INCOMPLETE = "incomplete"  # ended without its planned steps or validations: retried
+    WORKER_DIED = "worker-died"  # its process exited with no report and no signal to the sweep
+    OUT_OF_MEMORY = "out-of-memory"  # its process was killed for memory (OOM killer, Ray's)
     REPEATED = "repeated"  # a crash with the same fingerprint as an earlier attempt's
 
     @property
@@ -57,6 +61,15 @@ DETERMINISTIC = frozenset(
         FailureKind.REPEATED,
     }
 )
+# The kinds that fail the same way again once seen twice alike: the second is REPEATED.
+REPEATABLE = frozenset(
+    {
+        FailureKind.CRASH,
+        FailureKind.INCOMPLETE,
+        FailureKind.WORKER_DIED,
+        FailureKind.OUT_OF_MEMORY,
+    }
+)
 # An exception's type, as a failure's line names it (``ValueError: ...``, ``ray.exceptions.
 # RayTaskError(ImportError): ...``): the dotted name and the one in parentheses.
 _EXCEPTION_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)(?:\(([A-Za-z_][\w.]*)\))?:")
@@ -69,6 +82,7 @@ KIND_OF_EXCEPTION = {
     "ConfigCompositionException": FailureKind.CONFIG,  # hydra: overrides that do not compose
     "ConfigKeyError": FailureKind.CONFIG,
     "RecipeError": FailureKind.RECIPE,
+    "IncompleteRun": FailureKind.INCOMPLETE,
 }
 # vLLM's words when its engine core did not start (its cause is printed above them).
 ENGINE_REFUSAL = "Engine core initialization failed"
@@ -104,16 +118,16 @@ def fingerprint(line: str) -> str:
 
 
 def attempt_kind(kind: FailureKind, line: str, earlier: list[dict[str, Any]]) -> FailureKind:
-    """The kind an attempt's failure is recorded as: ``kind``, but REPEATED for a crash whose
-    fingerprint an earlier attempt of the run already failed with (``earlier``: the run's
-    ``pdm.failures``), which would fail the same way again."""
-    if kind is not FailureKind.CRASH:
+    """The kind an attempt's failure is recorded as: ``kind``, but REPEATED for a failure of a
+    ``REPEATABLE`` kind whose fingerprint an earlier attempt of the run already failed with, as
+    that kind (``earlier``: the run's ``pdm.failures``): it would fail the same way again."""
+    if kind not in REPEATABLE:
         return kind
-    crashes = (FailureKind.CRASH, FailureKind.REPEATED)
+    alike = (kind, FailureKind.REPEATED)
     seen = {
         f.get("fingerprint") or fingerprint(failure_headline(f.get("reason", "")))
         for f in earlier
-        if f.get("kind", FailureKind.CRASH) in crashes  # an older pdm recorded no kind
+        if f.get("kind", FailureKind.CRASH) in alike  # an older pdm recorded no kind: a crash
     }
     return FailureKind.REPEATED if fingerprint(line) in seen else kind
 
@@ -213,7 +227,7 @@ def summarize_status(runs: list) -> str:
     return "todo"
 
 
-def _last_logged_step(client, run) -> int:
+def last_logged_step(client, run) -> int:
     """The last step a run holds: its ``pdm.last_step`` tag, or a later step among its metrics.
     The store writes a batch's metrics and its tags in two transactions, so a process killed
     between them leaves the tag a step behind; resuming from the tag alone logged that step twice
@@ -254,8 +268,9 @@ class TrialRun:
         if runs:
             run = runs[0]
             attempt = int(run.data.tags.get("pdm.attempts", "0")) + 1
-            if run.info.status == "RUNNING":
-                # Our process holds the trial's claim, so nobody else is in it: the last attempt died.
+            if run.info.status == "RUNNING" and attempt_failure(run) is None:
+                # Our process holds the trial's claim, so nobody else is in it: the last attempt
+                # died, and nobody recorded how (the sweep records a death it saw: tune/deaths.py)
                 _append_failure(
                     client,
                     run,
@@ -266,7 +281,7 @@ class TrialRun:
             if FAILURE_KIND_TAG in run.data.tags:  # a new attempt: its own outcome decides
                 with_retry(lambda: client.delete_tag(run.info.run_id, FAILURE_KIND_TAG))
             with_retry(lambda: client.set_tag(run.info.run_id, "pdm.attempts", str(attempt)))
-            return cls(client, run.info.run_id, _last_logged_step(client, run), attempt, True)
+            return cls(client, run.info.run_id, last_logged_step(client, run), attempt, True)
         all_tags = {
             **trial.tags(),
             **tags,
@@ -313,10 +328,8 @@ class TrialRun:
         return True
 
     def finish(self, summary: dict[str, Any] | None = None) -> None:
-        """FINISHED, with the backend's summary. A run that holds no step is never FINISHED:
-        a finished trial with no data would be skipped forever."""
-        if self.last_step < 0:
-            raise TrialFailed("the trial ended without logging a single step")
+        """FINISHED, with the backend's summary. Only a complete run may finish: the caller
+        asks ``completeness.require_complete`` first."""
         if summary:
             with_retry(lambda: self.client.log_dict(self.run_id, summary, "summary.json"))
         with_retry(lambda: self.client.set_terminated(self.run_id, status="FINISHED"))
@@ -327,7 +340,8 @@ class TrialRun:
         """Record a failure (``reason``: its first line names it) and its kind (tag
         ``pdm.failure_kind``), a crash alike an earlier attempt's as REPEATED (``attempt_kind``);
         ``final`` marks the run FAILED (no retry left). Returns the kind recorded: a
-        deterministic one is never retried."""
+        deterministic one is never retried. No credential is kept (``console.redact``)."""
+        reason = redact(reason)
         run = with_retry(lambda: self.client.get_run(self.run_id))
         kind = attempt_kind(FailureKind(kind), failure_headline(reason), failures_of(run))
         _append_failure(self.client, run, reason, kind)
@@ -342,7 +356,7 @@ class TrialRun:
         """Add a line to the run's ``pdm.notes`` tag (what happened to it besides training)."""
         run = with_retry(lambda: self.client.get_run(self.run_id))
         notes = json.loads(run.data.tags.get("pdm.notes", "[]"))
-        notes.append({"time": time.strftime("%Y-%m-%dT%H:%M:%S"), "note": text[:300]})
+        notes.append({"time": time.strftime(TIME_FORMAT), "note": text[:300]})
         with_retry(lambda: self.client.set_tag(self.run_id, "pdm.notes", json.dumps(notes[-20:])))
 
     def interrupted(self) -> None:
@@ -362,7 +376,7 @@ def _append_failure(client, run, reason: str, kind: FailureKind = FailureKind.CR
             "reason": reason[:500],
             "kind": kind.value,
             "fingerprint": fingerprint(failure_headline(reason)),
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "time": time.strftime(TIME_FORMAT),
         }
     )
     text = json.dumps(failures[-20:])

@@ -13,23 +13,17 @@ import contextlib
 import fcntl
 import logging
 import os
-import re
 import socket
 import sqlite3
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from pdmask.console import QUIET_MLFLOW, redact
 from pdmask.errors import TrackingError, environment_error
 from pdmask.paths import default_artifact_root, default_tracking_uri
 
 # How long a tracking server may take to accept a connection and answer the store check.
 SERVER_TIMEOUT_SECONDS = 5
-_CREDENTIALS = re.compile(r"(?P<head>[A-Za-z][\w+.-]*://[^/@\s:]*):(?P<password>[^/\s]*)@")
-
-
-def redact(text: str) -> str:
-    """``text`` with the password of every URI in it (``scheme://user:password@host``) hidden."""
-    return _CREDENTIALS.sub(lambda m: f"{m['head']}:***@", text)
 
 
 @contextlib.contextmanager
@@ -170,6 +164,9 @@ def open_client(uri: str | None = None, *, integrity: bool = True):
     import mlflow
     from mlflow.tracking import MlflowClient
 
+    # MLflow's "View run" lines would print the URI's password: off here and in every process
+    # started from here (the sweep's embedded Ray and its workers)
+    os.environ.update(QUIET_MLFLOW)
     uri = resolve_tracking_uri(uri)
     if uri in _CLIENTS:  # checked once per process: reused Ray workers open it per trial
         return _CLIENTS[uri]

@@ -30,6 +30,7 @@ from typing import Any
 from pdmask.backends.verl.checks import AGENT_LOOP, TRAINER_NAME, VLLM_DEFAULT_MAX_LOGPROBS
 from pdmask.backends.verl.loss_names import MU_SOURCES
 from pdmask.backends.verl.node_requirements import ATTENTION_KEY, FLASH_ATTENTION
+from pdmask.console import QUIET_MLFLOW
 from pdmask.errors import Problem, ValidationFailed
 from pdmask.registry.catalog import PRECISIONS as CATALOG_PRECISIONS
 from pdmask.registry.engine_rules import ROLLOUT_NUMERICS
@@ -227,7 +228,11 @@ def job_env(
     With ``run_id`` verl attaches to that pre-created run; otherwise ``tags`` are applied when verl
     creates the run. ``file_recipe``: the recipe file the job carries (see ``verl_overrides``).
     """
-    env = {"VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE, "MLFLOW_TRACKING_URI": tracking_uri}
+    env = {
+        "VERL_USE_EXTERNAL_MODULES": PLUGIN_MODULE,
+        "MLFLOW_TRACKING_URI": tracking_uri,  # the job's environment only: never printed
+        **QUIET_MLFLOW,  # MLflow's "View run" lines would print the URI's password
+    }
     if file_recipe is not None:
         env.update(file_recipe.env())
     if run_id:

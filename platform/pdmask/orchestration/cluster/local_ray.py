@@ -32,6 +32,7 @@ import tempfile
 from datetime import datetime
 from pathlib import Path
 
+from pdmask.console import redact
 from pdmask.loopback import LOOPBACK
 
 # Explicit settings that keep a later `ray start` usable (token auth is switched on by an auth token
@@ -59,6 +60,12 @@ def connect(address: str | None, env_vars: dict[str, str]) -> bool:
         os.environ.setdefault(k, v)
     if not address:
         _loopback_mode()
+        # The embedded Ray's processes inherit this process's environment: a credential (a
+        # tracking URI's password) goes there, never into a runtime env, which Ray writes into
+        # its logs in the state folder.
+        secret = {k: v for k, v in env_vars.items() if redact(v) != v}
+        os.environ.update(secret)
+        env_vars = {k: v for k, v in env_vars.items() if k not in secret}
     import ray
 
     if ray.is_initialized():

@@ -4,10 +4,11 @@ retried and settled (``launcher.JobsLauncher`` runs it; its docstring has the fl
 What is not the backend's is here: submission ids, admission by free GPUs, attempts, the runs
 each job logs into, the jobs' logs, and their faults. A job that FAILED (or was STOPPED) marks its
 run FAILED with the log's tail as ``pdm.failure_reason`` (every attempt's reason is kept in
-``pdm.failures``) and is retried ``sweep.retries`` times; a job that SUCCEEDED whose run is not
-FINISHED is settled: FINISHED (tagged ``pdm.finished_by``) when the run has metrics, else a
-failed attempt. Every ended job's driver log (Jobs API) is appended to the trial's log in the
-state folder and logged as its run's artifact (``trial_logs.py``). A job API that does not answer
+``pdm.failures``) and is retried ``sweep.retries`` times; a job that SUCCEEDED is FINISHED only
+with a complete run (``tracking/completeness.py``: its planned last step and validations; a run
+left RUNNING is then closed, tagged ``pdm.finished_by``), else a failed attempt naming the gap.
+Every ended job's driver log (Jobs API) is appended to the trial's log in the state folder and
+logged as its run's artifact (``trial_logs.py``). A job API that does not answer
 is retried, a line per round, for ``PDM_CLUSTER_UNREACHABLE_SECONDS``; then ``ClusterLost``. Each
 round ends with the progress line when it is due (``progress.py``: counts, elapsed, ETA).
 """
@@ -262,13 +263,14 @@ class JobRunner:
         job.run_id = run_id
         log = self._keep_log(job, view)
         if view.status == "SUCCEEDED":
-            problem = self._settle_success(run_id)
+            problem = self._settle_success(job)
             if problem is None:
                 job.state = "finished"
                 self.console.print(f"FINISHED {job.trial.run_name()} ({view.submission_id})")
                 self.session.gate.end(job.trial.trial_hash)
                 return
-            self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {problem}")
+            what, kind = problem
+            self._fail(job, f"Ray job {view.submission_id} SUCCEEDED, but {what}", kind)
         else:
             reason = self.cluster.failure_reason(view, log)
             kind = failure_kind(view, log)
@@ -307,15 +309,34 @@ class JobRunner:
             trial_logs.upload(self.client, job.run_id, path)
         return text
 
-    def _settle_success(self, run_id: str | None) -> str | None:
-        """None when the run is (now) FINISHED; otherwise what is wrong with it."""
+    def _settle_success(self, job: TrialJob) -> tuple[str, FailureKind] | None:
+        """None when the job's run is (now) FINISHED and complete (``completeness``); otherwise
+        what is wrong with it and the failure's kind. verl closes its run FINISHED whatever it
+        logged, so a FINISHED run is checked too."""
+        from pdmask.backends.interface import load_backend
+        from pdmask.tracking.completeness import Plan, gap
+
+        run_id = job.run_id
         if run_id is None:
-            return "no MLflow run is known for it"
+            return "no MLflow run is known for it", FailureKind.CRASH
         run = with_retry(lambda: self.client.get_run(run_id))
         status = run.info.status
-        if status == "FINISHED":
-            return None
-        if status == "RUNNING" and run.data.metrics:
+        if status not in ("FINISHED", "RUNNING"):
+            reason = run.data.tags.get("pdm.failure_reason", "")
+            return f"its MLflow run ended {status}" + (f": {reason}" if reason else ""), (
+                FailureKind.CRASH
+            )
+        if status == "RUNNING" and not run.data.metrics:
+            return (
+                "its MLflow run has no metrics: verl's MLflow logging did not reach the run "
+                "(unreachable tracking URI from the nodes, or a param conflict disabling it)"
+            ), FailureKind.CRASH
+        backend = load_backend(job.trial.backend)
+        plan = Plan.of(backend.planned_steps(job.trial), backend.eval_metrics(self.session.cluster))
+        missing = gap(self.client, run_id, plan)
+        if missing:
+            return f"its MLflow run is incomplete: {missing}", FailureKind.INCOMPLETE
+        if status == "RUNNING":
             # verl ended without closing the run (e.g. killed after its last step was logged)
             with_retry(
                 lambda: self.client.set_tag(
@@ -323,14 +344,7 @@ class JobRunner:
                 )
             )
             with_retry(lambda: self.client.set_terminated(run_id, status="FINISHED"))
-            return None
-        if status == "RUNNING":
-            return (
-                "its MLflow run has no metrics: verl's MLflow logging did not reach the run "
-                "(unreachable tracking URI from the nodes, or a param conflict disabling it)"
-            )
-        reason = run.data.tags.get("pdm.failure_reason", "")
-        return f"its MLflow run ended {status}" + (f": {reason}" if reason else "")
+        return None
 
     def _fail(self, job: TrialJob, reason: str, kind: FailureKind = FailureKind.CRASH) -> None:
         """A failed attempt of ``kind``, recorded on its run (a crash alike an earlier attempt's

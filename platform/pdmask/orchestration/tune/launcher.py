@@ -176,6 +176,7 @@ class TuneLauncher:
 
         from pdmask.backends.interface import load_backend
         from pdmask.orchestration.driver_logs import reroute
+        from pdmask.orchestration.tune.deaths import SINCE_KEY, launched_at
         from pdmask.orchestration.tune.gated_grid import GatedGrid
         from pdmask.orchestration.tune.search import search_space
         from pdmask.orchestration.tune.trainable import trial_bounds
@@ -191,6 +192,8 @@ class TuneLauncher:
             # still found in the workers.
             "backend": backend.spec,
             "eval_metric": backend.eval_metrics(session.cluster)[0],
+            "cluster": session.cluster,  # what a complete run holds (tracking/completeness.py)
+            SINCE_KEY: launched_at(),  # a death repeated since is not retried again (deaths.py)
             "calibration_seconds": self.calibration_seconds,
             "watchdog": asdict(trial_bounds()),
         }
@@ -215,22 +218,29 @@ class TuneLauncher:
 
 
 def _failure_reader(session: SweepSession):
-    """Why a trial's attempt failed, from its run (the progress line's detail), by Tune config."""
+    """``(why, given_up)`` of a Tune trial's failed attempt, from its run (the progress line's
+    detail): the watchdog's or the trial's own account, else a worker death, recorded first
+    (``deaths.DeathRecorder``); given_up: a death alike an earlier one, not retried again."""
+    from pdmask.orchestration.tune.deaths import DeathRecorder, error_text
     from pdmask.orchestration.tune.trial_config import trial_from_config
     from pdmask.tracking.runs import attempt_failure, find_trial_runs, take_watchdog_reason
 
     client, experiment_id = session.client, session.experiment_id
+    deaths = DeathRecorder(client, experiment_id, lambda: session.interrupts.requested)
 
-    def failure_of(config: dict) -> str | None:
+    def failure_of(trial, final: bool) -> tuple[str | None, bool]:
         try:
-            runs = find_trial_runs(client, experiment_id, trial_from_config(config).trial_hash)
+            trial_hash = trial_from_config(trial.config).trial_hash
+            runs = find_trial_runs(client, experiment_id, trial_hash)
+            if not runs:
+                return None, False
+            stalled = take_watchdog_reason(client, runs[0].info.run_id)
+            crashed = None if stalled else attempt_failure(runs[0])
+            if stalled or crashed:
+                return stalled or f"crashed: {crashed}", False
+            return deaths.record(trial_hash, error_text(trial), final)
         except Exception:  # the progress line only loses its detail; the run keeps the reason
-            return None
-        if not runs:
-            return None
-        stalled = take_watchdog_reason(client, runs[0].info.run_id)
-        crashed = None if stalled else attempt_failure(runs[0])
-        return stalled or (crashed and f"crashed: {crashed}")
+            return None, False
 
     return failure_of
 

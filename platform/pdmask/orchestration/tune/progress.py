@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import Any
 
 from ray.tune import Callback
 from rich.console import Console
@@ -72,7 +73,7 @@ class SweepProgress(Callback):
         self,
         names: dict[str, str],
         console: Console | None = None,
-        failure_of: Callable[[dict], str | None] | None = None,
+        failure_of: Callable[[Any, bool], tuple[str | None, bool]] | None = None,
         on_store_lost: Callable[[], None] | None = None,
         *,
         sweep: str = "sweep",
@@ -87,7 +88,8 @@ class SweepProgress(Callback):
         self.rows: dict[str, Row] = {}
         self.names = names  # Tune trial id is unknown upfront: map via the reported trial hash
         self.console = console or Console(highlight=False)
-        # why a trial's attempt failed (from its Tune config), where its run says
+        # ``(why, given_up)`` of a Tune trial's failed attempt (``final``: not retried), as its run
+        # says (a death is recorded there first: ``deaths.py``); given_up: it is not retried again
         self.failure_of = failure_of
         # A trial's store cannot be written (``store-unwritable``): its line, and what stops the
         # sweep (no other trial can record anything either).
@@ -243,16 +245,18 @@ class SweepProgress(Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         row = self._row(trial)
         row.state, row.first_step_at = "retrying", None
-        self._failure(row, trial, "retrying from its checkpoint")
+        self._failure(row, trial, "retrying from its checkpoint", final=False)
 
     def on_trial_error(self, iteration, trials, trial, **info):
         row = self._row(trial)
         if row.state not in FAILED:
             row.state, row.finished_at = "failed", self.clock()
-        self._failure(row, trial, "retries exhausted")
+        self._failure(row, trial, "retries exhausted", final=True)
 
-    def _failure(self, row: Row, trial, then: str) -> None:
-        reason = self.failure_of(trial.config) if self.failure_of else None
+    def _failure(self, row: Row, trial, then: str, final: bool) -> None:
+        reason, given_up = self.failure_of(trial, final) if self.failure_of else (None, False)
+        if given_up:
+            then = "not retried again"
         text = f"{reason}; {then}" if reason else f"crashed; {then}"
         if reason and self.live is not None:  # the live table has no room for it
             self.console.print(escape(f"{row.name}: {text}"))

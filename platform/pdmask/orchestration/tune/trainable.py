@@ -4,14 +4,16 @@ Outcomes reported to Tune (``pdm_outcome``): ``finished``, ``already-done`` (a F
 ``claimed-elsewhere`` (another live invocation trains it), ``config-error`` (never retried: the
 run is FAILED with the reason and ``pdm.failure_kind=config``), ``recipe-error`` (likewise),
 ``deterministic-error`` (an import error, an engine refusal, or a crash alike an earlier
-attempt's: ``tracking.runs.FailureKind``; never retried), ``stalled`` (the trial stalled
-more than ``STALL_RETRIES`` times: not retried again), ``store-unwritable`` (it crashed and its
-store could not record why either: a full disk, a deleted state folder; not retried, the sweep
-ends with ``environment_error``'s line). Everything after the run is open, the
-backend's own config included, runs inside that error handling. A crash (exception, NaN loss) is
-recorded on the run and re-raised so Tune retries it; a killed process is noticed and recorded by
-the next attempt, which resumes from the trial's checkpoint if that checkpoint belongs to the
-same run (``workdirs.py``).
+attempt's: ``tracking.runs.FailureKind``; never retried; also an attempt that gives up at once
+because its worker died twice alike in this invocation: ``deaths.py``), ``stalled`` (the trial
+stalled more than ``STALL_RETRIES`` times: not retried again), ``store-unwritable`` (it crashed
+and its store could not record why either: a full disk, a deleted state folder; not retried, the
+sweep ends with ``environment_error``'s line). Everything after the run is open, the backend's
+own config included, runs inside that error handling. A crash (exception, NaN loss) is recorded
+on the run and re-raised so Tune retries it, and so is a run that is not complete when training
+returns (``tracking/completeness.py``); a killed process is recorded by the sweep
+(``deaths.py``), or else by the next attempt, which resumes from the trial's checkpoint if that
+checkpoint belongs to the same run (``workdirs.py``).
 
 Each attempt trains under pdmask's watchdog (``pdmask/watchdog.py``), beaten at every reported
 step: a trial that stops reporting steps (a recipe stuck in a loop, a deadlock, a hung store) is
@@ -85,6 +87,10 @@ def run_trial(config: dict[str, Any]) -> None:
         tags = dict(config["tags"])
         if config.get("search"):  # lets a later invocation warm-start the search with this point
             tags[SEARCH_POINT_TAG] = json.dumps(config["search"], sort_keys=True)
+        gave_up = _given_up(client, config, trial)
+        if gave_up:  # its worker died twice alike in this invocation (``deaths.py``)
+            tune.report({**base, "pdm_outcome": "deterministic-error", "pdm_error": gave_up})
+            return
         run = TrialRun.start_or_resume(
             client, config["experiment_id"], trial, tags, steps=_planned_steps(config, trial)
         )
@@ -165,6 +171,18 @@ def _attempt(
         raise
 
 
+def _given_up(client, config: dict[str, Any], trial: Trial) -> str | None:
+    """Why this attempt must not train: its run's last failure, in this invocation, was a worker
+    death alike an earlier one (``deaths.given_up``); None otherwise."""
+    from pdmask.orchestration.tune.deaths import SINCE_KEY, given_up
+    from pdmask.tracking.runs import find_trial_runs
+
+    if SINCE_KEY not in config:
+        return None
+    runs = find_trial_runs(client, config["experiment_id"], trial.trial_hash)
+    return given_up(runs[0], config[SINCE_KEY]) if runs else None
+
+
 WAIT_POLL_S = 2.0  # how often a trial waiting for another sweep's claim looks again
 
 
@@ -205,12 +223,16 @@ def _train(
     from pdmask.backends.interface import load_backend
     from pdmask.orchestration.tune.calibration import STEPS as CALIBRATION_STEPS
     from pdmask.orchestration.workdirs import bind_workdir
+    from pdmask.tracking.completeness import Plan, require_complete
 
     runtime = load_backend(config.get("backend") or trial.backend)
     calibration = config.get("calibration_seconds")
-    base["pdm_total_steps"] = (
-        CALIBRATION_STEPS if calibration else runtime.planned_steps(trial)
-    ) or 0
+    plan = (
+        Plan(CALIBRATION_STEPS)
+        if calibration
+        else Plan.of(runtime.planned_steps(trial), runtime.eval_metrics(config["cluster"]))
+    )
+    base["pdm_total_steps"] = plan.last_step or 0
     workdir, discarded = bind_workdir(trial.trial_hash, run.run_id, where)
     if discarded:
         run.note("checkpoint of another run discarded (that run is lost): trained from scratch")
@@ -260,6 +282,7 @@ def _train(
     finally:
         if dog is not None:
             dog.stop()
+    require_complete(run.client, run.run_id, plan)  # IncompleteRun: a failed attempt
     run.finish(summary)
     final = {**base, "pdm_outcome": "finished", "pdm_step": run.last_step}
     if objective and objective in latest:
