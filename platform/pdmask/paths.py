@@ -71,7 +71,7 @@ def default_tracking_uri() -> str:
 
 
 def logs_dir() -> Path:
-    """Every trial's log, ``<logs>/<sweep>/<run name>.log`` (see orchestration/trial_logs.py)."""
+    """Every trial's log, ``<logs>/<sweep>/<run name>.<hash>.log`` (see orchestration/trial_logs.py)."""
     return state_dir() / "logs"
 
 

@@ -2,8 +2,8 @@
 
 Against a real local Ray head with the stand-in trainer (as ``test_ray_jobs.py``): a trial that
 fails its first attempt and succeeds on its retry has both attempts' driver logs, fetched through
-the Jobs API when each job ended, in ``<state>/logs/<sweep>/<run name>.log``, each after its
-header, and the file is its run's artifact ``logs/<run name>.log``; ``pdm logs`` prints it.
+the Jobs API when each job ended, in ``<state>/logs/<sweep>/<run name>.<hash>.log``, each after its
+header, and the file is its run's artifact ``logs/<run name>.<hash>.log``; ``pdm logs`` prints it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def test_job_driver_logs_land_in_the_state_folder(ray_head, project):
 
     ((run,),) = sweep_runs(project, "job-logs").values()
     name, run_id = run.data.tags["mlflow.runName"], run.info.run_id
-    log = project / ".pdm" / "logs" / "job-logs" / f"{name}.log"
+    file = f"{name}.{run.data.tags['pdm.trial_hash'][:8]}.log"
+    log = project / ".pdm" / "logs" / "job-logs" / file
     text = log.read_text()
     first, second = text.index("-a1 FAILED, fetched"), text.index("-a2 SUCCEEDED, fetched")
     assert first < second
@@ -37,8 +38,8 @@ def test_job_driver_logs_land_in_the_state_folder(ray_head, project):
     assert "stand-in trainer: pdm_agg attempt 2" in text[second:]
     assert f"=== pdm trial log: {name} attempt 2 (trial " in text and f"run {run_id})" in text
     client = tracking_client(project)
-    assert [a.path for a in client.list_artifacts(run_id, "logs")] == [f"logs/{name}.log"]
-    copy = client.download_artifacts(run_id, f"logs/{name}.log", str(project))
+    assert [a.path for a in client.list_artifacts(run_id, "logs")] == [f"logs/{file}"]
+    copy = client.download_artifacts(run_id, f"logs/{file}", str(project))
     assert Path(copy).read_text() == text
 
     shown = run_pdm(project, env, "logs", name)

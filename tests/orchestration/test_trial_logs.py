@@ -113,7 +113,8 @@ def test_trial_logs_land_in_the_state_folder_and_go_with_their_runs(project, dee
     assert len(runs) == 2
     for run in runs:
         name, run_id = run.data.tags["mlflow.runName"], run.info.run_id
-        log = deep_state / "logs" / "smoke" / f"{name}.log"
+        file = f"{name}.{run.data.tags['pdm.trial_hash'][:8]}.log"
+        log = deep_state / "logs" / "smoke" / file
         content = log.read_text()
         # The trial wrote it: its header names this run, its end line says how the attempt ended.
         assert f"=== pdm trial log: {name} attempt 1 (trial " in content
@@ -128,8 +129,8 @@ def test_trial_logs_land_in_the_state_folder_and_go_with_their_runs(project, dee
             for how in ("print", "fd 2", "a subprocess"):
                 assert f"chatty: hello from {how}\n" in content, content[-2000:]
         # The same file is the run's artifact.
-        assert [a.path for a in client.list_artifacts(run_id, "logs")] == [f"logs/{name}.log"]
-        copy = client.download_artifacts(run_id, f"logs/{name}.log", str(project))
+        assert [a.path for a in client.list_artifacts(run_id, "logs")] == [f"logs/{file}"]
+        copy = client.download_artifacts(run_id, f"logs/{file}", str(project))
         assert Path(copy).read_text() == content
         # Tune's trial folder is named after the run.
         assert list((deep_state / "ray_results").glob(f"smoke-*/{name}"))

@@ -41,6 +41,9 @@ def test_dropped_in_recipe_is_listed_and_planned(project):
     listed = json.loads(pdm("recipes", "list", "--json", project=project, check=True).stdout)
     assert "hard-topk-kl" in {r["name"] for r in listed}
     assert next(r for r in listed if r["name"] == "hard-topk-kl")["custom_mask"] is True
+    # A user who followed README's example has a sweep of this method already (`mine`): this
+    # test's sweep joins whatever the project's own sweeps are.
+    before = next(r for r in listed if r["name"] == "hard-topk-kl")["sweeps"]
     (project / "sweeps" / "hard.yaml").write_text(
         "name: hard\ndescription: new baseline\nseeds: 2\n"
         "grid: {method: [hard-topk-kl, pdm-agg], model: [qwen3-4b-base], precision: [bf16], delta: [0.2]}\n"
@@ -53,9 +56,10 @@ def test_dropped_in_recipe_is_listed_and_planned(project):
     # The listing names the sweeps that train it (smallest first) and what its file brings.
     listed = json.loads(pdm("recipes", "list", "--json", project=project, check=True).stdout)
     entry = next(r for r in listed if r["name"] == "hard-topk-kl")
-    assert entry["sweeps"] == ["hard"] and entry["custom_loss"] is False
+    assert sorted(entry["sweeps"]) == sorted([*before, "hard"]) and entry["custom_loss"] is False
     verbose = pdm("recipes", "list", "-v", "hard-topk-kl", project=project, check=True).stdout
-    assert "used by: hard (pdm sweep hard)" in verbose, verbose
+    (used,) = [line for line in verbose.splitlines() if "used by: " in line]
+    assert "hard" in used.split("used by: ")[1].split(" (pdm sweep")[0].split(", "), verbose
     assert "hard-topk-kl" in verbose and " mask " in verbose, verbose  # the `own` column
     assert {
         r["config"]["params"]["delta"] for r in plan["trials"] if r["method"] == "hard-topk-kl"

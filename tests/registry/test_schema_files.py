@@ -291,7 +291,8 @@ def test_pdm_schema_check_and_the_schema_line(project: Path):
 @pytest.mark.slow
 def test_a_users_recipe_and_sweep_leave_these_tests_green(tmp_path: Path):
     """README's example recipe and sweep dropped into a copy of the project (its tests too):
-    this module passes there, before `pdm schema` and after it."""
+    this module passes there, before `pdm schema` and after it, and so does the new-recipe
+    module (which writes a recipe of the same name and lists the sweeps that use it)."""
     copy_ = tmp_path / "project"
     for name in ("recipes", "sweeps", "dashboards", "schemas", "tests/registry"):
         shutil.copytree(ROOT / name, copy_ / name)
@@ -302,7 +303,8 @@ def test_a_users_recipe_and_sweep_leave_these_tests_green(tmp_path: Path):
     run = [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider"]
     module = ["tests/registry/test_schema_files.py", "-k", "not users_recipe"]
     for stage in ("before `pdm schema`", "after `pdm schema`"):
-        done = subprocess.run([*run, *module], cwd=copy_, env=env, capture_output=True, text=True)
+        modules = [*module, "tests/registry/test_new_recipe.py"] if "before" in stage else module
+        done = subprocess.run([*run, *modules], cwd=copy_, env=env, capture_output=True, text=True)
         assert done.returncode == 0, (stage, done.stdout[-3000:])
         assert " passed" in done.stdout.splitlines()[-1]
         if stage.startswith("before"):

@@ -1,4 +1,4 @@
-"""`pdm logs RUN`: print a trial's log from the state folder (``<state>/logs/<sweep>/<run>.log``).
+"""`pdm logs RUN`: print a trial's log from the state folder (``<state>/logs/<sweep>/<run>.<hash>.log``).
 
     pdm logs pdm-agg-qwen3-4b-base-bf16-d0.15-s0          # by run name
     pdm logs 3f2a9c1d --sweep main-figure                 # by trial-hash prefix, in one sweep
@@ -60,18 +60,20 @@ def logs(
     # Both are matched against the log folder's names before any log is opened.
     if sweep is not None:
         checked(sweep, argument="--sweep", kind="sweep with logs", known=trial_logs.sweeps())
-    known = sorted({p.stem for p in trial_logs.all_logs(sweep)})
-    checked(run, argument="RUN", kind="run with a log", known=known, pattern=HASH_PREFIX)
+    logs = trial_logs.all_logs(sweep)
+    known = sorted({trial_logs.run_name_of(p) for p in logs})
+    # a log's file name (run name and hash) names it too
+    names = [*known, *(p.stem for p in logs)]
+    checked(run, argument="RUN", kind="run with a log", known=names, pattern=HASH_PREFIX)
     found = trial_logs.find(run, sweep)
     if not found:
         where = f"sweep {sweep!r}" if sweep else "any sweep"
         raise ConfigError(f"no log in {where} has a trial hash {run}...; {known_names(run, known)}")
     if len(found) > 1:
-        sweeps = ", ".join(sorted({p.parent.name for p in found}))
-        names = ", ".join(sorted({p.stem for p in found}))
+        logs = ", ".join(f"{p.parent.name}/{p.name}" for p in found)
         raise ConfigError(
-            f"{run!r} names more than one log ({names} in sweeps {sweeps}): "
-            "give the full run name, or --sweep"
+            f"{run!r} names more than one trial's log ({logs}): give the trial-hash prefix "
+            "the file name holds, or --sweep"
         )
     (path,) = found
     offset = _print_from(path, 0)

@@ -4,7 +4,7 @@ MLflow (and the alembic and SQLAlchemy layers under its store), Optuna and Ray/T
 their root logger a handler to stderr at import; their INFO lines ("Started a local Ray
 instance", Optuna's "A new study created", store migrations) would break into the progress
 display. While a sweep runs those handlers are swapped for one file in the sweep's logs folder
-(``paths.logs_dir()``; the trials' own logs sit next to it as ``<run name>.log``), and put back
+(``paths.logs_dir()``; the trials' own logs sit next to it as ``<run name>.<hash>.log``), and put back
 after. ``PDM_DEBUG=1`` keeps them on the console as well.
 
 Writing the file can fail (a full disk, a state folder deleted mid-sweep): such a record is

@@ -1,11 +1,15 @@
-"""Every trial's log, in the state folder: ``<state>/logs/<sweep>/<run name>.log``.
+"""Every trial's log, in the state folder: ``<state>/logs/<sweep>/<run name>.<hash>.log``.
+
+The file name carries the first ``HASH_CHARS`` characters of the trial's hash: two trials of one
+run name (cells that differ only where the name does not look, such as ``mu_source``, or a recipe
+edited between two invocations) never share a file, and ``pdm logs <hash>`` prints one trial's.
 
 A Tune trial's attempt writes its stdout and stderr there (``captured``): the process's file
 descriptors 1 and 2 point at the file for the attempt's duration, so what C code, Ray's logging
 and subprocesses print lands there too. The file is opened in append mode: each attempt adds a
 header line (``HEADER``, naming the run, its trial hash and run id) and, unless its process was
 killed, an end line. At the end of an attempt the file is logged as the run's artifact
-``logs/<run name>.log`` (``upload``), best effort. A VeRL Ray Job's driver log, fetched from the
+``logs/<file name>`` (``upload``), best effort. A VeRL Ray Job's driver log, fetched from the
 Jobs API when the job ends, is appended to the same file after its own header (``append``).
 
 Each evaluation of a Tune trial adds a line of training progress (``evaluation_line``: step,
@@ -37,7 +41,7 @@ from pdmask.orchestration.progress_view import headline_label
 from pdmask.paths import logs_dir
 from pdmask.tracking.metric_names import ENTROPY, MASKED_SHARE
 
-ARTIFACT_DIR = "logs"  # the run's artifact: logs/<run name>.log
+ARTIFACT_DIR = "logs"  # the run's artifact: logs/<run name>.<hash>.log
 HEADER = "=== pdm trial log"
 MAX_BYTES_ENV = "PDM_TRIAL_LOG_MAX_BYTES"
 DEFAULT_MAX_BYTES = 8 * 2**20  # per attempt: a crash's traceback and far more fit
@@ -55,14 +59,25 @@ def max_attempt_bytes() -> int:
 _HEADER_FIELDS = re.compile(r"trial (?P<trial_hash>\w+), run (?P<run_id>\w+)")
 
 
-def log_path(sweep: str, run_name: str) -> Path:
-    """Where the trial ``run_name`` of ``sweep`` logs (a ``/`` in a name cannot make a folder)."""
-    return logs_dir() / sweep.replace(os.sep, "_") / f"{run_name.replace(os.sep, '_')}.log"
+HASH_CHARS = 8  # of the trial hash, in the log's file name
+_HASH_SUFFIX = re.compile(rf"\.(?P<prefix>[0-9a-f]{{{HASH_CHARS}}})$")
+
+
+def log_path(sweep: str, run_name: str, trial_hash: str) -> Path:
+    """Where the trial ``trial_hash`` (named ``run_name``) of ``sweep`` logs (a ``/`` in a name
+    cannot make a folder)."""
+    stem = f"{run_name.replace(os.sep, '_')}.{trial_hash[:HASH_CHARS]}"
+    return logs_folder(sweep) / f"{stem}.log"
 
 
 def logs_folder(sweep: str) -> Path:
     """The folder of ``sweep``'s trial logs."""
-    return log_path(sweep, "RUN").parent
+    return logs_dir() / sweep.replace(os.sep, "_")
+
+
+def run_name_of(path: Path) -> str:
+    """The run name a log's file name holds (its stem without the trial-hash suffix)."""
+    return _HASH_SUFFIX.sub("", path.stem)
 
 
 def header(
@@ -255,9 +270,10 @@ def all_logs(sweep: str | None = None) -> list[Path]:
 
 
 def find(name: str, sweep: str | None = None) -> list[Path]:
-    """The logs named ``name`` (a run name), else those whose trial hash starts with it."""
+    """The logs of run ``name`` (one per trial of that name; its file name with the hash suffix
+    names one), else those whose trial hash starts with it."""
     logs = all_logs(sweep)
-    named = [p for p in logs if p.stem == name]
+    named = [p for p in logs if name in (p.stem, run_name_of(p))]
     if named or len(name) < 4:  # a hash prefix shorter than 4 would match by accident
         return named
     return [p for p in logs if any(h.startswith(name) for h, _ in _attempts(p))]

@@ -14,7 +14,7 @@ from pdmask.registry.catalog import CLUSTERS, MODELS, PRECISIONS
 from pdmask.registry.recipe_files import discover_recipes
 from pdmask.registry.recipes import Recipe
 from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
-from pdmask.registry.sim_knobs import resolve_knobs
+from pdmask.registry.sim_knobs import KNOBS, resolve_knobs
 from pdmask.registry.sweeps import (
     DEFAULT_MAX_TRIALS,
     SIM_PROFILES,
@@ -56,6 +56,9 @@ class Registry:
     sweep_sources: dict[str, YamlSource]
     dashboards: dict[str, Path]
     recipe_problems: list[Problem] = field(default_factory=list)
+    # Methods whose recipe files do not load (name -> file): a sweep naming one is told so, not
+    # that the method is unknown (the file's own problems say what is wrong with it).
+    broken_recipes: dict[str, Path] = field(default_factory=dict)
     sweep_problems: list[Problem] = field(default_factory=list)
     # Sweep files with problems, by name: what could be salvaged (None if nothing) and the
     # source, so their grid's problems are reported together with the file's own.
@@ -244,8 +247,18 @@ class Registry:
                 return None
             return value
 
+        named = cell.get("method", (None,))[0]
+        broken = self.broken_recipes.get(named) if isinstance(named, str) else None
+        if broken is not None:
+            problems.append(
+                src.problem(
+                    cell["method"][1],
+                    f"method {cell['method'][0]!r} is declared in {broken}, which does not load "
+                    "(its own problems are listed with it)",
+                )
+            )
         method, model, precision = (
-            need("method", self.recipes),
+            None if broken is not None else need("method", self.recipes),
             need("model", MODELS),
             need("precision", PRECISIONS),
         )
@@ -283,7 +296,8 @@ class Registry:
         }
         sim, knob_errors = resolve_knobs({k: v for k, (v, _) in sim_axes.items()})
         for knob, err in knob_errors:
-            problems.append(src.problem(sim_axes.get(knob, (None, ("grid",)))[1], err))
+            path = sim_axes.get(knob, (None, ("grid",)))[1]
+            problems.append(src.problem(_axis_of(path) if knob not in KNOBS else path, err))
         if method is None:
             return None
         recipe = self.recipes[method]
@@ -308,6 +322,8 @@ class Registry:
         params, errors = recipe.resolve_params(overrides)
         for key, err in errors:
             path = cell.get(f"params.{key}", cell.get(key, (None, ("grid",))))[1]
+            if key not in recipe.params:  # the axis is wrong, whatever its values: said once
+                path, err = _axis_of(path), f"unknown parameter; {known_names(key, recipe.params)}"
             problems.append(src.problem(path, f"recipe {method!r}: params.{key}: {err}"))
         missing = sorted(set(recipe.needs) - backend.supplies)
         if missing:
@@ -383,6 +399,12 @@ def _settings_problems(
     return problems
 
 
+def _axis_of(path: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The path of the axis a value's path points into (``grid.params.x.1`` -> ``grid.params.x``):
+    a problem with the axis itself (a misspelt name) is one problem, not one per value."""
+    return path[:-1] if path and isinstance(path[-1], int) else path
+
+
 def _unique(problems: list[Problem]) -> list[Problem]:
     seen, out = set(), []
     for p in problems:
@@ -396,7 +418,7 @@ def load_registry(root: Path | None = None) -> Registry:
     """Discover recipes, sweeps and dashboards under ``root`` (default: the project root).
     Problems are collected, not raised: ``Registry.expand`` and ``pdm validate`` report them."""
     root = Path(root) if root is not None else project_root()
-    recipes, recipe_files, recipe_problems = discover_recipes(root / "recipes")
+    folder = discover_recipes(root / "recipes")
     found, sweep_problems = discover_sweeps(root / "sweeps")
     troubled = {Path(p.file).stem for p in sweep_problems}
     broken = {k: v for k, v in found.items() if k in troubled or v[0] is None}
@@ -405,12 +427,13 @@ def load_registry(root: Path | None = None) -> Registry:
     dashboards = {p.stem: p for p in sorted(dash_dir.glob("*.yaml"))} if dash_dir.is_dir() else {}
     return Registry(
         root=root,
-        recipes=recipes,
-        recipe_files=recipe_files,
+        recipes=folder.recipes,
+        recipe_files=folder.files,
         sweeps={k: s for k, (s, _) in found.items()},
         sweep_sources={k: src for k, (_, src) in found.items()},
         dashboards=dashboards,
-        recipe_problems=recipe_problems,
+        recipe_problems=folder.problems,
+        broken_recipes=folder.broken,
         sweep_problems=sweep_problems,
         broken_sweeps=broken,
     )

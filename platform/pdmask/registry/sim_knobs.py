@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pdmask.errors import known_names
+
 TaskName = Literal["synonyms", "llm-like"]  # = pdmask.backends.sim.task.TASKS (a test checks)
 AXIS_PREFIX = "sim."
 
@@ -50,12 +52,21 @@ class SimKnobs(BaseModel):
     )
 
 
+KNOBS = tuple(SimKnobs.model_fields)  # the knobs' names, as a sweep spells them after `sim.`
+
+
 def resolve_knobs(values: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """Validated, canonical knobs (only those given) and (knob, message) for each problem."""
     try:
         knobs = SimKnobs.model_validate(values)
     except ValidationError as err:
-        problems = [(str(e["loc"][0]) if e["loc"] else "sim", e["msg"]) for e in err.errors()]
+        problems = []
+        for e in err.errors():
+            knob = str(e["loc"][0]) if e["loc"] else "sim"
+            if e["type"] == "extra_forbidden":
+                problems.append((knob, f"unknown knob sim.{knob}; {known_names(knob, KNOBS)}"))
+            else:
+                problems.append((knob, e["msg"]))
         return {}, problems
     return knobs.model_dump(mode="json", include=set(values)), []
 

@@ -298,7 +298,9 @@ class JobRunner:
         )
         try:
             path = trial_logs.append(
-                trial_logs.log_path(self.session.sweep.name, trial.run_name()), first, text
+                trial_logs.log_path(self.session.sweep.name, trial.run_name(), trial.trial_hash),
+                first,
+                text,
             )
         except OSError as err:
             self.console.print(

@@ -97,7 +97,7 @@ def run_trial(config: dict[str, Any]) -> None:
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
             return
-        log = log_path(trial.sweep, trial.run_name())
+        log = log_path(trial.sweep, trial.run_name(), trial.trial_hash)
         first = header(trial.run_name(), trial.trial_hash, run.run_id, run.attempt)
         try:
             with captured(log, first):
@@ -268,7 +268,7 @@ def _train(
 
         backend = partial(busy_trial, seconds=calibration)
     bounds = Bounds(**config["watchdog"]) if config.get("watchdog") else None
-    log = log_path(trial.sweep, trial.run_name())
+    log = log_path(trial.sweep, trial.run_name(), trial.trial_hash)
     dog = Watchdog(bounds, partial(_end_stalled, run, log)).start() if bounds else None
 
     def note(line: str) -> None:  # the trial log (stderr goes there) and the run's record
