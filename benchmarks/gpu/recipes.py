@@ -10,10 +10,10 @@ def recipe_with_params(name: str):
     from pdmask.paths import project_root
     from pdmask.registry.recipe_files import discover_recipes
 
-    recipes, _, problems = discover_recipes(project_root() / "recipes")
-    if problems:
-        raise RuntimeError(f"recipes/ has problems: {problems}")
-    recipe = recipes[name]
+    folder = discover_recipes(project_root() / "recipes")
+    if folder.problems:
+        raise RuntimeError(f"recipes/ has problems: {folder.problems}")
+    recipe = folder.recipes[name]
     params, errors = recipe.resolve_params({"delta": DELTA})
     if errors:
         raise RuntimeError(f"{name}: {errors}")

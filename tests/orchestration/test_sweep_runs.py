@@ -190,7 +190,8 @@ def test_killed_trial_is_retried_and_finishes_once(project):
     finished_exactly_once(project, "four")
     run = next(r for r in sweep_runs(project, "four") if r.data.tags["pdm.trial_hash"] == killed)
     assert int(run.data.tags["pdm.attempts"]) >= 2
-    assert "killed" in run.data.tags["pdm.failures"]
+    # a SIGKILL nobody asked of the sweep: a death with its cause (tune/deaths.py), then retried
+    assert "worker died" in run.data.tags["pdm.failures"]
 
 
 def test_two_concurrent_invocations_never_run_a_trial_twice(project):

@@ -76,7 +76,8 @@ def test_a_checkpoint_only_continues_the_run_it_belongs_to(project):
     ]
     notes = [n["note"] for n in json.loads(third.data.tags["pdm.notes"])]
     assert any(n.startswith("training from scratch") and "unreadable" in n for n in notes), notes
-    log = (project / ".pdm" / "logs" / "one" / f"{third.info.run_name}.log").read_text()
+    hash8 = third.data.tags["pdm.trial_hash"][:8]
+    log = (project / ".pdm" / "logs" / "one" / f"{third.info.run_name}.{hash8}.log").read_text()
     assert "moved aside to checkpoint.pt.corrupt-" in log
 
     # Another tracking store: its run must hold the whole trial too.

@@ -191,10 +191,16 @@ class SweepSession:
         return self.options.max_concurrent or self.sweep.max_concurrent
 
     def planned_steps(self, trial: Trial) -> int | None:
-        """The RL steps ``trial`` trains on its backend (``Backend.planned_steps``)."""
+        """The RL steps ``trial`` trains on its backend (``Backend.planned_steps``); None when
+        its backend cannot say, as for a trial whose config it refuses (that trial's own attempt
+        fails with the reason, the others go on)."""
         from pdmask.backends.interface import load_backend
+        from pdmask.errors import ConfigError
 
-        return load_backend(self.backend).planned_steps(trial)
+        try:
+            return load_backend(trial.backend).planned_steps(trial)
+        except ConfigError:
+            return None
 
     def headline(self) -> list[str]:
         """The metrics the headline metric is the mean of: the backend's evaluation metrics."""

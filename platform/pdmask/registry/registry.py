@@ -379,7 +379,9 @@ def _settings_problems(
             problems.append(
                 problem("profile", f"unknown profile {profile!r}; known: {list(SIM_PROFILES)}")
             )
-    elif profile_flag or "profile" in sweep.model_fields_set:
+    # A file's profile is its own backend's setting: refused where that backend has none, left
+    # out where `--backend` moved the sweep to one that has none (the file still runs there).
+    elif profile_flag or ("profile" in sweep.model_fields_set and sweep.backend == backend.name):
         steps = "the sweep's `steps`" if "steps" in backend.settings else "its own budget"
         problems.append(
             problem(
