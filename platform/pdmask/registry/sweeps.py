@@ -170,7 +170,8 @@ class Sweep(BaseModel):
     profile: str = Field(
         "default",
         description=f"Budget profile of a backend that has them (the embedded one): "
-        f"{list(SIM_PROFILES)}; refused on one that has none (VeRL).",
+        f"{list(SIM_PROFILES)}; refused where the sweep's own backend has none (VeRL), left "
+        "out where `--backend` moves the sweep to one that has none.",
     )
     steps: int | None = Field(
         None,
