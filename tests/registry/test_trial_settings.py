@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdmask.backends.interface import planned_steps
 from pdmask.backends.sim.backend import BACKEND as SIM_RUNTIME
 from pdmask.backends.sim.backend import sim_config
 from pdmask.backends.sim.specs import PROFILES
@@ -113,3 +114,22 @@ def test_steps_on_a_backend_that_does_not_read_them_are_refused(project):
         )
     finally:
         unregister_backend("fixed-budget")
+
+
+def test_planned_steps_is_none_where_the_backend_cannot_say(project):
+    """The one question both launch kinds ask before a run starts: a backend that cannot be
+    loaded here answers None (the trial's own attempt then fails with the reason) instead of
+    ending the sweep; a loadable one answers with its own count."""
+    _write(project, "plain")
+    (trial,) = load_registry(project).expand("plain")
+    assert planned_steps(trial) == SIM_RUNTIME.planned_steps(trial) == PROFILES[trial.profile].steps
+    unloadable = BackendSpec(
+        name="not-installed",
+        summary="a backend whose runtime is missing on this machine",
+        runtime="nowhere:BACKEND",
+        supplies=frozenset({"behaviour_topk"}),
+        mu_sources=("rollout",),
+        launch=Launch.TUNE,
+        occupies=Occupies.ONE_CPU,
+    )
+    assert planned_steps(trial, unloadable) is None
