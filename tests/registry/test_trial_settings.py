@@ -37,6 +37,19 @@ grid:
 """
 
 
+def _unloadable(name: str, summary: str) -> BackendSpec:
+    """A backend spec whose runtime no process can import, and which reads no trial setting."""
+    return BackendSpec(
+        name=name,
+        summary=summary,
+        runtime="nowhere:BACKEND",
+        supplies=frozenset({"behaviour_topk"}),
+        mu_sources=("rollout",),
+        launch=Launch.TUNE,
+        occupies=Occupies.ONE_CPU,
+    )
+
+
 def _write(project, name: str, settings: str = "", backend: str = "sim") -> None:
     text = SWEEP.format(name=name, backend=backend, settings=settings)
     (project / "sweeps" / f"{name}.yaml").write_text(text)
@@ -94,15 +107,7 @@ def test_a_profile_on_a_backend_without_profiles_is_refused_naming_the_field(pro
 
 
 def test_steps_on_a_backend_that_does_not_read_them_are_refused(project):
-    spec = BackendSpec(
-        name="fixed-budget",
-        summary="a backend whose trials train a budget of their own",
-        runtime="nowhere:BACKEND",
-        supplies=frozenset({"behaviour_topk"}),
-        mu_sources=("rollout",),
-        launch=Launch.TUNE,
-        occupies=Occupies.ONE_CPU,
-    )
+    spec = _unloadable("fixed-budget", "a backend whose trials train a budget of their own")
     register_backend(spec)
     try:
         _write(project, "fixed", "steps: 100", backend="fixed-budget")
@@ -123,13 +128,5 @@ def test_planned_steps_is_none_where_the_backend_cannot_say(project):
     _write(project, "plain")
     (trial,) = load_registry(project).expand("plain")
     assert planned_steps(trial) == SIM_RUNTIME.planned_steps(trial) == PROFILES[trial.profile].steps
-    unloadable = BackendSpec(
-        name="not-installed",
-        summary="a backend whose runtime is missing on this machine",
-        runtime="nowhere:BACKEND",
-        supplies=frozenset({"behaviour_topk"}),
-        mu_sources=("rollout",),
-        launch=Launch.TUNE,
-        occupies=Occupies.ONE_CPU,
-    )
+    unloadable = _unloadable("not-installed", "a backend whose runtime is missing here")
     assert planned_steps(trial, unloadable) is None
