@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pdmask.orchestration.trial_logs import header
+from pdmask.orchestration.trial_logs import HASH_CHARS, header
 
 from .conftest import pdm
 
@@ -125,3 +125,17 @@ def test_sweep_names_elsewhere_are_matched_against_the_registry(project, argv, v
     assert result.exit_code == 2, result.output
     assert f"sweep {value!r}" in result.stderr and "main-figure" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_an_unknown_run_offers_each_run_name_once(logs):
+    """A log's file stem (run name and hash) is accepted as a name, but the problem offers the
+    run names only: a list of each name twice buries the "did you mean"."""
+    trial_hash = "5e7b" + "1" * 60
+    stem = f"pdm-gram-run.{trial_hash[:HASH_CHARS]}"
+    (logs / f"{stem}.log").write_text(header("pdm-gram-run", trial_hash, "s" * 32, 1) + "line\n")
+    assert pdm("logs", stem).exit_code == 0
+    result = pdm("logs", "pdm-gram-rn")
+    assert result.exit_code == 2
+    assert "did you mean 'pdm-gram-run'" in result.stderr
+    assert "known: pdm-agg-run, pdm-gram-run\n" in result.stderr
+    assert stem not in result.stderr

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -24,14 +23,7 @@ from pdmask.registry.recipe_files import load_recipe_file
 from pdmask.trust_region import Method, apply_method
 from tests.registry.conftest import pdm
 
-from .test_contract import ROOT, recipe_call, write
-
-
-@pytest.fixture
-def project(tmp_path: Path) -> Path:
-    for name in ("recipes", "sweeps", "dashboards"):
-        shutil.copytree(ROOT / name, tmp_path / name)
-    return tmp_path
+from .recipe_writing import recipe_call, write
 
 
 def _seen(layout: str, dtype: str, needs=()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from pdmask.backends.interface import planned_steps
 from pdmask.backends.sim.backend import BACKEND as SIM_RUNTIME
 from pdmask.backends.sim.backend import sim_config
 from pdmask.backends.sim.specs import PROFILES
@@ -34,6 +35,19 @@ grid:
   precision: [bf16]
   delta: [0.15]
 """
+
+
+def _unloadable(name: str, summary: str) -> BackendSpec:
+    """A backend spec whose runtime no process can import, and which reads no trial setting."""
+    return BackendSpec(
+        name=name,
+        summary=summary,
+        runtime="nowhere:BACKEND",
+        supplies=frozenset({"behaviour_topk"}),
+        mu_sources=("rollout",),
+        launch=Launch.TUNE,
+        occupies=Occupies.ONE_CPU,
+    )
 
 
 def _write(project, name: str, settings: str = "", backend: str = "sim") -> None:
@@ -93,15 +107,7 @@ def test_a_profile_on_a_backend_without_profiles_is_refused_naming_the_field(pro
 
 
 def test_steps_on_a_backend_that_does_not_read_them_are_refused(project):
-    spec = BackendSpec(
-        name="fixed-budget",
-        summary="a backend whose trials train a budget of their own",
-        runtime="nowhere:BACKEND",
-        supplies=frozenset({"behaviour_topk"}),
-        mu_sources=("rollout",),
-        launch=Launch.TUNE,
-        occupies=Occupies.ONE_CPU,
-    )
+    spec = _unloadable("fixed-budget", "a backend whose trials train a budget of their own")
     register_backend(spec)
     try:
         _write(project, "fixed", "steps: 100", backend="fixed-budget")
@@ -113,3 +119,14 @@ def test_steps_on_a_backend_that_does_not_read_them_are_refused(project):
         )
     finally:
         unregister_backend("fixed-budget")
+
+
+def test_planned_steps_is_none_where_the_backend_cannot_say(project):
+    """The one question both launch kinds ask before a run starts: a backend that cannot be
+    loaded here answers None (the trial's own attempt then fails with the reason) instead of
+    ending the sweep; a loadable one answers with its own count."""
+    _write(project, "plain")
+    (trial,) = load_registry(project).expand("plain")
+    assert planned_steps(trial) == SIM_RUNTIME.planned_steps(trial) == PROFILES[trial.profile].steps
+    unloadable = _unloadable("not-installed", "a backend whose runtime is missing here")
+    assert planned_steps(trial, unloadable) is None

@@ -1,42 +1,28 @@
-"""DAPO-Math / AIME preparation (pdmask.backends.verl.data, `pdm data prepare`) on shipped fixtures.
-
-The fixtures are in tests/fixtures/data (see make_fixtures.py there for what each one holds).
-"""
+"""DAPO-Math / AIME preparation (pdmask.backends.verl.data, `pdm data prepare`) on shipped fixtures:
+the helpers, reading and filtering, and what `prepare` writes."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from pdmask.backends.verl import data as D
-from pdmask.cli import main as cli_main
 from pdmask.errors import ConfigError
 
-FIX = Path(__file__).resolve().parents[1] / "fixtures" / "data"
-DAPO = FIX / "dapo_mini.parquet"
-DAPO_EXTRA = FIX / "dapo_extra.jsonl"
-AIME24 = FIX / "aime24_mini.jsonl"
-AIME24_VERL = FIX / "aime24_verl_mini.parquet"
-AIME25 = FIX / "aime25_mini.parquet"
-AIME25_II = FIX / "aime25_ii_mini.jsonl"
-BOXED_ONLY = FIX / "aime_boxed_only.json"
-BAD_NO_ANSWER = FIX / "bad_no_answer.jsonl"
-BAD_NO_PROBLEM = FIX / "bad_no_problem.parquet"
-PAPER_SET = FIX / "dpao_filter"  # a local copy of Jiawei415/DPAO_filter, in its layout
-
-COLUMNS = ["data_source", "prompt", "ability", "reward_model", "extra_info"]
-
-
-def _read(path):
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()
-
+from .data_fixtures import (
+    AIME24,
+    AIME24_VERL,
+    AIME25,
+    AIME25_II,
+    BAD_NO_ANSWER,
+    BOXED_ONLY,
+    COLUMNS,
+    DAPO,
+    DAPO_EXTRA,
+    PAPER_SET,
+    read_rows,
+)
 
 # ------------------------------------------------------------------------------------------ helpers
 
@@ -173,15 +159,6 @@ def test_folder_input(tmp_path):
 # ---------------------------------------------------------------------------------------- prepare
 
 
-@pytest.fixture
-def prepared(tmp_path):
-    out = tmp_path / "data"
-    result = D.prepare(
-        dapo=[DAPO, DAPO_EXTRA], aime24=[AIME24], aime25=[AIME25, AIME25_II], out_dir=out
-    )
-    return out, result
-
-
 def test_prepare_writes_verl_schema(prepared):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -198,7 +175,7 @@ def test_prepare_writes_verl_schema(prepared):
         assert schema.field("reward_model").type.get_field_index("ground_truth") >= 0
         assert schema.field("extra_info").type.get_field_index("index") >= 0
 
-    train = _read(out / D.TRAIN_FILE)
+    train = read_rows(out / D.TRAIN_FILE)
     assert len(train) == 19
     assert {r["data_source"] for r in train} == {"math_dapo"}
     assert [r["extra_info"]["index"] for r in train] == list(range(19))
@@ -214,7 +191,7 @@ def test_prepare_writes_verl_schema(prepared):
         assert message["role"] == "user"
         assert message["content"] == D.PROMPT_TEMPLATE.format(problem=row["extra_info"]["question"])
 
-    val = _read(out / D.VAL_FILE)
+    val = read_rows(out / D.VAL_FILE)
     sources = [r["data_source"] for r in val]
     assert sources.count("aime24") == 5 and sources.count("aime25") == 9
     assert [r["extra_info"]["index"] for r in val] == list(range(14))
@@ -262,7 +239,7 @@ def test_decontaminate(tmp_path):
     result = D.prepare(dapo=[DAPO], aime24=[AIME24], out_dir=tmp_path, decontaminate=True)
     assert result.counts["train"] == 15
     assert result.reports[0].dropped["overlaps_validation"] == 1
-    problems = {r["extra_info"]["question"] for r in _read(tmp_path / D.TRAIN_FILE)}
+    problems = {r["extra_info"]["question"] for r in read_rows(tmp_path / D.TRAIN_FILE)}
     assert "Compute $17 \\times 3$." not in problems
 
 
@@ -333,13 +310,13 @@ def test_the_papers_set_from_a_local_copy(tmp_path):
     (report, *_) = result.reports
     assert report.name == "paper-set" and len(report.files) == 2 and report.rows_read == 6
     assert report.dropped["non_integer_answer"] == 1
-    train = _read(tmp_path / D.TRAIN_FILE)
+    train = read_rows(tmp_path / D.TRAIN_FILE)
     assert {r["extra_info"]["source_id"] for r in train} == {"p0", "p1", "p2", "q0", "q2"}
     for row in train:  # verl's boxed instruction replaced by the template every job's data has
         question = row["extra_info"]["question"]
         assert "boxed" not in question and question.startswith(("Compute", "How many"))
         assert row["prompt"][0]["content"] == D.PROMPT_TEMPLATE.format(problem=question)
-    val = _read(tmp_path / D.VAL_FILE)
+    val = read_rows(tmp_path / D.VAL_FILE)
     assert [r["data_source"] for r in val] == ["aime24"] * 3 + ["aime25"] * 2
     manifest = json.loads((tmp_path / D.MANIFEST_FILE).read_text())
     assert manifest["train"]["paper_set"] is True
@@ -356,7 +333,7 @@ def test_a_dapo_set_says_how_it_differs_from_the_papers(tmp_path):
     assert "9 duplicate_problem" in said and f"training set: {said}" in result.lines()
     # AIME files given beside the paper's set replace its own
     mixed = D.prepare(paper_set=PAPER_SET, aime24=[AIME24], out_dir=tmp_path / "mixed")
-    sources = [r["data_source"] for r in _read(tmp_path / "mixed" / D.VAL_FILE)]
+    sources = [r["data_source"] for r in read_rows(tmp_path / "mixed" / D.VAL_FILE)]
     assert sources == ["aime24"] * 5 + ["aime25"] * 2 and mixed.counts["train"] == 5
 
 
@@ -367,152 +344,3 @@ def test_the_papers_set_refuses_what_is_not_a_copy_of_it(tmp_path):
     with pytest.raises(ConfigError, match=r"elsewhere: not a local copy .*found: data"):
         D.prepare(paper_set=tmp_path / "elsewhere", out_dir=tmp_path / "out")
     assert not (tmp_path / "out").exists()
-
-
-# -------------------------------------------------------------------------------------------- CLI
-
-
-def _cli(args, capsys):
-    with pytest.raises(SystemExit) as exc:
-        cli_main(args)
-    captured = capsys.readouterr()
-    return exc.value.code, captured.out, captured.err
-
-
-def test_cli_prepare(tmp_path, capsys):
-    code, out, err = _cli(
-        [
-            "data", "prepare",
-            "--dapo", str(DAPO), "--dapo", str(DAPO_EXTRA),
-            "--aime24", str(AIME24_VERL),
-            "--aime25", str(AIME25),
-            "--out", str(tmp_path),
-        ],
-        capsys,
-    )  # fmt: skip
-    assert code == 0, err
-    assert "dapo: 36 rows read from 2 file(s)" in out
-    assert "dropped        3  non_integer_answer" in out
-    assert "= kept          19" in out
-    assert "aime24: 12 rows read from 1 file(s)" in out
-    assert f"wrote {tmp_path / D.TRAIN_FILE} (19 rows)" in out
-    assert f"wrote {tmp_path / D.VAL_FILE} (8 rows)" in out
-
-
-@pytest.mark.parametrize(
-    ("flag", "path", "column"),
-    [
-        ("--aime24", BAD_NO_ANSWER, "no answer column"),
-        ("--dapo", BAD_NO_PROBLEM, "no problem column"),
-    ],
-)
-def test_cli_missing_column_exits_2(tmp_path, flag, path, column):
-    """Run as a user would: a real process, exit status 2, the file and column named, no traceback."""
-    env = {**os.environ, "PDM_HOME": str(tmp_path / "home")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pdmask", "data", "prepare", flag, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert proc.returncode == 2
-    assert str(path) in proc.stderr and column in proc.stderr
-    assert "expected one of:" in proc.stderr and "columns found:" in proc.stderr
-    assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "home" / "data" / D.TRAIN_FILE).exists()
-
-
-def test_cli_prepares_the_papers_set(tmp_path, capsys):
-    code, out, err = _cli(
-        ["data", "prepare", "--paper-set", str(PAPER_SET), "--out", str(tmp_path)], capsys
-    )
-    assert code == 0, err
-    assert "paper-set: 6 rows read from 2 file(s)" in out
-    assert "training set: the paper's training set, Jiawei415/DPAO_filter" in out
-    assert f"wrote {tmp_path / D.VAL_FILE} (5 rows)" in out
-
-
-def test_cli_errors(tmp_path, capsys):
-    code, _, err = _cli(["data", "prepare", "--out", str(tmp_path)], capsys)
-    assert code == 2 and "nothing to prepare" in err
-    code, _, err = _cli(["data", "prepare", "--paper-set", str(tmp_path / "nowhere")], capsys)
-    assert code == 2 and "nowhere: no such folder" in err
-    code, _, err = _cli(["data", "prepare", "--dapo", str(tmp_path / "missing.parquet")], capsys)
-    assert code == 2 and "missing.parquet: no such file or folder" in err
-    (tmp_path / "x.csv").write_text("a,b\n")
-    code, _, err = _cli(["data", "prepare", "--dapo", str(tmp_path / "x.csv")], capsys)
-    assert code == 2 and "unsupported file type .csv" in err
-
-
-# ------------------------------------------------------------------------ verl 0.9.1 (real package)
-
-
-@pytest.fixture
-def verl_dataset(monkeypatch, tmp_path):
-    pytest.importorskip("verl")
-    import datasets
-
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf-cache"))
-    from omegaconf import OmegaConf
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
-    def make(files, tokenizer=None, **cfg):
-        config = OmegaConf.create({"cache_dir": str(tmp_path / "verl-cache"), **cfg})
-        return RLHFDataset(data_files=[str(f) for f in files], tokenizer=tokenizer, config=config)
-
-    environ = os.environ
-    yield make
-    # The overlong filter (datasets' map in workers) leaves a new os.environ object behind; rich
-    # (typer's help and errors) keeps reading the original one, so a later in-process CLI test
-    # would lose its COLUMNS. Put the original back, with what the test left in it.
-    if os.environ is not environ:
-        environ.clear()
-        environ.update(os.environ)
-        os.environ = environ  # noqa: B003 (the object itself is what rich holds)
-
-
-@pytest.mark.verl
-def test_rlhf_dataset_reads_output(prepared, verl_dataset):
-    out, _ = prepared
-    ds = verl_dataset([out / D.TRAIN_FILE, out / D.VAL_FILE], filter_overlong_prompts=False)
-    assert len(ds) == 19 + 14
-    row = ds[19]  # first validation row
-    assert row["data_source"] == "aime24"
-    assert row["raw_prompt"] == row["prompt"] and row["raw_prompt"][0]["role"] == "user"
-    assert row["reward_model"]["ground_truth"] == "51"
-    assert row["index"] == 0 and row["extra_info"]["split"] == "test"
-    assert row["tools_kwargs"] == {} and row["interaction_kwargs"] == {}
-
-
-@pytest.mark.verl
-def test_rlhf_dataset_overlong_filter_with_tiny_tokenizer(prepared, verl_dataset):
-    """verl applies the chat template to our ``prompt`` list; a word-level tokenizer is enough."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.WordLevel(vocab={"[UNK]": 0, "<pad>": 1}, unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        unk_token="[UNK]",
-        pad_token="<pad>",
-        chat_template=(
-            "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant:{% endif %}"
-        ),
-    )
-    out, _ = prepared
-    train = _read(out / D.TRAIN_FILE)
-    lengths = sorted(len(f"user: {r['prompt'][0]['content']} assistant:".split()) for r in train)
-    limit = lengths[len(lengths) // 2]
-    expected = sum(n <= limit for n in lengths)
-    assert 0 < expected < len(lengths)
-    ds = verl_dataset(
-        [out / D.TRAIN_FILE],
-        tokenizer=tokenizer,
-        filter_overlong_prompts=True,
-        filter_overlong_prompts_workers=1,
-        max_prompt_length=limit,
-    )
-    assert len(ds) == expected

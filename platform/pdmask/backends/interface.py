@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pdmask.errors import BackendUnavailable, Problem
+from pdmask.errors import BackendUnavailable, ConfigError, Problem
 from pdmask.registry.backends import BackendSpec, Launch, backend_spec
 
 if TYPE_CHECKING:
@@ -221,3 +221,14 @@ def load_backend(backend: str | BackendSpec) -> Backend:
             )
         _LOADED[spec.runtime] = runtime
     return _LOADED[spec.runtime]
+
+
+def planned_steps(trial: Trial, backend: str | BackendSpec | None = None) -> int | None:
+    """The RL steps ``trial`` trains on ``backend`` (default: its own; a spec carried from the
+    driver where the backend is registered there only): ``Backend.planned_steps``, or None when
+    the backend cannot say, because it refuses the trial's config or cannot be loaded here (the
+    trial's own attempt meets why and fails with it; the others go on)."""
+    try:
+        return load_backend(backend or trial.backend).planned_steps(trial)
+    except (ConfigError, BackendUnavailable):
+        return None

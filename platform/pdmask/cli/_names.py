@@ -25,8 +25,12 @@ def checked(
     kind: str,
     known: Iterable[str],
     pattern: re.Pattern[str] | None = None,
+    listed: Iterable[str] | None = None,
 ) -> str:
     """``value`` when it is one of ``known`` or fully matches ``pattern`` (and is no path).
+
+    ``listed``: the names the problem offers (default ``known``), for arguments where more
+    spellings are accepted than are worth listing (a log's file stem beside its run name).
 
     Raises:
         ValidationFailed: one problem naming ``argument``, what is wrong and the known names.
@@ -38,5 +42,6 @@ def checked(
     if not path_like and (value in names or (pattern and pattern.fullmatch(value))):
         return value
     why = "is a path or a pattern, not a name" if path_like else f"names no {kind}"
-    problem = Problem("command line", argument, f"{value!r} {why}; {known_names(value, names)}")
+    offered = names if listed is None else sorted(set(listed))
+    problem = Problem("command line", argument, f"{value!r} {why}; {known_names(value, offered)}")
     raise ValidationFailed([problem])

@@ -62,9 +62,11 @@ def logs(
         checked(sweep, argument="--sweep", kind="sweep with logs", known=trial_logs.sweeps())
     logs = trial_logs.all_logs(sweep)
     known = sorted({trial_logs.run_name_of(p) for p in logs})
-    # a log's file name (run name and hash) names it too
+    # a log's file name (run name and hash) names it too, but only the run names are offered
     names = [*known, *(p.stem for p in logs)]
-    checked(run, argument="RUN", kind="run with a log", known=names, pattern=HASH_PREFIX)
+    checked(
+        run, argument="RUN", kind="run with a log", known=names, pattern=HASH_PREFIX, listed=known
+    )
     found = trial_logs.find(run, sweep)
     if not found:
         where = f"sweep {sweep!r}" if sweep else "any sweep"

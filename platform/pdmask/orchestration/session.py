@@ -191,16 +191,10 @@ class SweepSession:
         return self.options.max_concurrent or self.sweep.max_concurrent
 
     def planned_steps(self, trial: Trial) -> int | None:
-        """The RL steps ``trial`` trains on its backend (``Backend.planned_steps``); None when
-        its backend cannot say, as for a trial whose config it refuses (that trial's own attempt
-        fails with the reason, the others go on)."""
-        from pdmask.backends.interface import load_backend
-        from pdmask.errors import ConfigError
+        """The RL steps ``trial`` trains (``backends.interface.planned_steps``)."""
+        from pdmask.backends.interface import planned_steps
 
-        try:
-            return load_backend(trial.backend).planned_steps(trial)
-        except ConfigError:
-            return None
+        return planned_steps(trial)
 
     def headline(self) -> list[str]:
         """The metrics the headline metric is the mean of: the backend's evaluation metrics."""

@@ -70,6 +70,7 @@ def run_trial(config: dict[str, Any]) -> None:
 
     quiet_storage_logs()  # this worker's checkpoint syncs, like the driver's (storage.py)
 
+    from pdmask.backends.interface import planned_steps
     from pdmask.tracking import TrialRun, open_client
     from pdmask.tracking.store import resolve_tracking_uri
 
@@ -92,7 +93,11 @@ def run_trial(config: dict[str, Any]) -> None:
             tune.report({**base, "pdm_outcome": "deterministic-error", "pdm_error": gave_up})
             return
         run = TrialRun.start_or_resume(
-            client, config["experiment_id"], trial, tags, steps=_planned_steps(config, trial)
+            client,
+            config["experiment_id"],
+            trial,
+            tags,
+            steps=planned_steps(trial, config.get("backend")),
         )
         if run is None:
             tune.report({**base, "pdm_outcome": "already-done"})
@@ -107,17 +112,6 @@ def run_trial(config: dict[str, Any]) -> None:
         tune.report(report)  # after the run is FINISHED: a stop arriving now cannot touch it
     finally:
         claim.release()
-
-
-def _planned_steps(config: dict[str, Any], trial: Trial) -> int | None:
-    """The steps the trial's backend trains (its run's ``steps`` param); None when its backend
-    cannot say (the attempt's own error handling meets why, with the run open)."""
-    from pdmask.backends.interface import load_backend
-
-    try:
-        return load_backend(config.get("backend") or trial.backend).planned_steps(trial)
-    except Exception:
-        return None
 
 
 def _attempt(
