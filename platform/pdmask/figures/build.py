@@ -20,7 +20,6 @@ from pdmask import __version__
 from pdmask.console import redact
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
-from pdmask.figures.metric_names import stored_pattern
 from pdmask.figures.panels import make_panels, panel_titles, plotted_frame, seed_count_text
 from pdmask.figures.render import GridStyle, Panel, draw_grid, save
 from pdmask.figures.runs import Selection, list_runs, open_client, select_runs
@@ -35,6 +34,7 @@ from pdmask.figures.spec import (
 from pdmask.figures.styles import MethodStyle, resolve_styles
 from pdmask.figures.summary import summary_markdown, summary_rows
 from pdmask.paths import state_dir
+from pdmask.tracking.metric_names import stored_pattern
 from pdmask.tracking.store import resolve_tracking_uri
 
 

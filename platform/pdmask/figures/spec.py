@@ -417,7 +417,7 @@ def sweep_fit_problems(
     evaluation metrics the backend logs (``eval_metrics``, as MLflow stores them), or selects
     none of the trials. Checked before a sweep launches, so a figure never fails after hours
     of training for a reason visible up front."""
-    from pdmask.figures.metric_names import match_datasets
+    from pdmask.tracking.metric_names import match_datasets
 
     try:
         spec = load_spec(name, directory)
