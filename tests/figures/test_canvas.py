@@ -2,7 +2,8 @@
 
 figure-1 is built from a real sqlite store holding a main-figure-like sweep: the paper's four
 methods, pdm-gram (beyond the paper) and the lr = 0 control in all four settings. The built
-matplotlib figures are taken as ``save`` writes them and measured with matplotlib's own renderer.
+matplotlib figures are taken where ``save`` would write them (encoding PNGs is not what this
+measures) and measured with matplotlib's own renderer.
 """
 
 from __future__ import annotations
@@ -47,11 +48,9 @@ def _sweep_runs(backend: str) -> list:
 def drawn(request, store, tmp_path_factory):
     """figure-1 built once per backend: {file name: matplotlib Figure}, and the result."""
     figures = {}
-    real_save = build.save
 
-    def keep(fig, png, pdf, layout, dpi=None):
+    def keep(fig, png, pdf, layout, dpi=None):  # measured here; writing files is tested elsewhere
         figures[png.name] = fig
-        real_save(fig, png, pdf, layout, dpi)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("PDM_HOME", str(tmp_path_factory.mktemp("state")))
