@@ -18,6 +18,7 @@ import pdmask.errors
 ENTRY_POINTS = [
     "pdmask.api:run_sweep",
     "pdmask.api:runs",
+    "pdmask.api:history",
     "pdmask.api:plan",
     "pdmask.orchestration.runner:run_sweep",
     "pdmask.orchestration.preflight:validate_sweeps",

@@ -5,6 +5,7 @@ The library entry point (``pdmask.api``), for scripts and notebooks::
     import pdmask
     pdmask.run_sweep("smoke", pdmask.SweepOptions(profile="smoke"))
     pdmask.runs("smoke")        # its runs: a pandas DataFrame, one row per run
+    pdmask.history("smoke", metric="actor/entropy")  # a metric per run and step (long format)
 """
 
 __version__ = "0.1.0"
@@ -12,10 +13,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "run_sweep": "pdmask.api",
     "runs": "pdmask.api",
+    "history": "pdmask.api",
     "SweepResult": "pdmask.api",
     "SweepOptions": "pdmask.api",
 }
-__all__ = ["SweepOptions", "SweepResult", "__version__", "run_sweep", "runs"]
+__all__ = ["SweepOptions", "SweepResult", "__version__", "history", "run_sweep", "runs"]
 
 
 def __getattr__(name: str):

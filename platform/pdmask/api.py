@@ -14,7 +14,9 @@ Tune's ``ResultGrid``). The project is found as the CLI finds it (``$PDM_PROJECT
 current folder or one above it), and the state folder is ``$PDM_HOME``, else ``<project>/.pdm``.
 
 ``pdmask.runs("smoke")`` returns the sweep's runs as a pandas DataFrame (what `pdm runs` shows):
-tags, status, attempts, wall time, params, the headline metric's final and best values.
+tags, status, attempts, wall time, params, the headline metric's final and best values;
+``pdmask.history("smoke", metric="actor/entropy")`` every point of a metric, one row per run and
+step (long format).
 """
 
 from __future__ import annotations
@@ -129,6 +131,30 @@ def runs(sweep: str | None = None, tracking_uri: str | None = None):
     from pdmask.tracking.results import runs as runs_frame
 
     return runs_frame(sweep, tracking_uri)
+
+
+def history(sweep: str, metric: str | None = None, tracking_uri: str | None = None):
+    """Every point of ``metric`` each run of ``sweep`` logged, as a long-format pandas
+    DataFrame (one row per run and step): the run's identity (``run_id``, ``run_name``,
+    ``method``, ``method_label``, ``model``, ``precision``, ``setting``, ``delta``, ``seed``,
+    ``backend``, ``profile``, ``trial_hash``), then ``metric`` (the name as stored), ``step``,
+    ``value``, ``timestamp`` (UTC). Raw, per step: no smoothing, no mean over datasets.
+
+    ``metric``: a name as logged (``actor/entropy``; ``@`` or MLflow's ``_at_`` alike), or a
+    pattern whose one ``*`` is a dataset; default the headline metric's pattern
+    (``val-core/*/acc/mean_at_16``, one metric per dataset). ``tracking_uri``: another store
+    than the state folder's. ``pdmask.history("smoke", "actor/entropy").pivot_table(
+    index="step", columns="method", values="value")`` is entropy per step and method.
+
+    Raises:
+        ConfigError: an unknown sweep (with the closest names), a metric no run of the sweep
+            logged (with the closest logged names), a pattern with more than one `*`.
+        TrackingError: the store cannot be read or trusted.
+    """
+    from pdmask.tracking.history import history as history_frame
+    from pdmask.tracking.metric_names import HEADLINE_PATTERN
+
+    return history_frame(sweep, metric or HEADLINE_PATTERN, tracking_uri)
 
 
 def plan(reg: Registry, sweep: str, options: SweepOptions) -> list[Trial]:

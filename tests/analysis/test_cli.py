@@ -49,6 +49,10 @@ def test_analysis_writes_tables_plot_and_mlflow_run_then_resumes(pdm_home, track
     assert (folder / "paired.png").read_bytes()[:4] == b"\x89PNG"
     report = (folder / "report.md").read_text()
     assert "| out-of-region tokens per seed | 1435 |" in report
+    # the console shows the paper-vs-run table as a table and names the report, no raw markdown
+    (ratio,) = [line for line in out.splitlines() if "unsafe-keep rate, ratio test" in line]
+    assert "36.9" in ratio and "|" not in ratio
+    assert "|---" not in out and f"report: {folder / 'report.md'}" in out
     assert "38 of 61" in report
     with open(folder / "per_seed.csv") as handle:
         rows = list(csv.DictReader(handle))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pdmask.figures.metric_names import match_datasets
 from pdmask.figures.series import (
     Curve,
     aggregate_seeds,
@@ -14,6 +13,7 @@ from pdmask.figures.series import (
     smooth,
 )
 from pdmask.figures.spec import BandSpec, SmoothingSpec
+from pdmask.tracking.metric_names import match_datasets
 
 
 def test_repeated_steps_keep_the_value_logged_last():

@@ -18,14 +18,9 @@ def test_paper_figures_read_their_sweeps_at_their_delta():
         "main-figure", 0.15, "delta-ablation", 0.05
     )  # fmt: skip
     for spec in (one, two):
-        # the paper's four, then pdm-gram (beyond the paper, embedded backend only)
-        assert spec.methods == [
-            "grpo-clip-higher",
-            "dppo-topk-kl",
-            "pdm-agg",
-            "pdm-uni",
-            "pdm-gram",
-        ]
+        # the paper's four; pdm-gram (embedded backend only) in a figure of its own
+        assert spec.methods == ["grpo-clip-higher", "dppo-topk-kl", "pdm-agg", "pdm-uni"]
+        assert spec.beyond_paper == ["pdm-gram"]
         assert [(p.model, p.precision) for p in spec.panels] == [
             ("qwen3-4b-base", "bf16"),
             ("qwen3-8b-base", "bf16"),
@@ -77,9 +72,10 @@ def test_cross_field_problems_are_collected_together(tmp_path):
         "name: other\n"
         "sweep: s\n"
         "methods: [pdm-agg, dppo-topk-kl]\n"
-        "linestyles: {pdm-uni: dashed}\n"
+        "beyond_paper: [pdm-gram, pdm-agg, pdm-gram]\n"
+        "linestyles: {pdm-uni: dashed, pdm-gram: dotted}\n"
         "metric: {pattern: 'val-core/acc'}\n"
-        "paired: {baseline: grpo-clip-higher, methods: [pdm-agg]}\n"
+        "paired: {baseline: grpo-clip-higher, methods: [pdm-agg, pdm-gram]}\n"
         "panels:\n"
         "  - {key: a, title: A, model: m, precision: bf16}\n"
         "  - {key: a, title: B, model: n, precision: bf16}\n"
@@ -90,6 +86,8 @@ def test_cross_field_problems_are_collected_together(tmp_path):
     assert fields == {
         "name",
         "panels.1.key",
+        "beyond_paper.1",  # in `methods` too
+        "beyond_paper.2",  # twice; pdm-gram's line style and pairing are its own
         "linestyles.pdm-uni",
         "metric.pattern",
         "paired.baseline",

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 from rich.console import Console
 
 from pdmask.orchestration.driver_logs import DRIVER_LOG, routed
+from pdmask.orchestration.eta import Row
+from pdmask.orchestration.progress_view import view
 from pdmask.orchestration.report import print_summary as _summary
 from pdmask.orchestration.session import SweepOutcome
 from pdmask.orchestration.summary import results_by_setting
@@ -71,7 +73,8 @@ def test_a_60_trial_sweep_in_30_rows_shows_the_header_and_every_running_trial():
     for i in range(22, 30):
         assert f"trial-{i:02d}" in text, text
     assert "trial-20" in text and "config error" in text  # failed right after running
-    assert "more queued" in text and "20 more done" in text, text
+    assert "queued: 30" in text and "more done" in text, text  # queued: one line
+    assert not any(f"trial-{i:02d}" in text for i in range(30, 60))
     running = [ln for ln in lines if " running " in ln and ln.strip().startswith("trial-")]
     assert len(running) == 8 and lines.index(running[0]) < lines.index(
         next(ln for ln in lines if "config error" in ln)
@@ -89,7 +92,7 @@ def test_more_running_trials_than_rows_are_cut_with_a_count():
     lines = console.export_text().rstrip("\n").splitlines()
     assert len(lines) <= 30, lines
     assert "ETA —" in lines[0]  # no trial has a rate yet
-    assert any("more running" in ln for ln in lines) and any("20 more queued" in ln for ln in lines)
+    assert any("more running" in ln for ln in lines) and any("queued: 20" in ln for ln in lines)
 
 
 def test_off_a_terminal_a_heartbeat_with_the_counts_and_eta_every_heartbeat_interval():
@@ -151,6 +154,52 @@ def test_on_a_terminal_under_ci_the_heartbeat_lines_replace_the_live_table(monke
         assert live.live is not None  # a person's terminal: the live table
     finally:
         live.close()
+
+
+def _rows_of_a_main_figure_sweep(now: float) -> list[Row]:
+    """72 trials a quarter of an hour in: 4 running, 1 failed, 34 finished one a minute apart
+    (trial-00 first), the other 33 queued (Tune pends two of them already)."""
+    rows = [
+        Row(name=f"trial-{i:02d}", trial_hash=f"h{i:02d}", state="done", step=50, total=50,
+            eval=0.5 + i / 100, started=60.0 * i, finished_at=60.0 * i + 90.0)
+        for i in range(34)
+    ]  # fmt: skip
+    rows += [
+        Row(name=f"trial-{i:02d}", state="running", step=25, total=50, started=now - 50,
+            first_step_at=now - 40, first_step=5)
+        for i in range(34, 38)
+    ]  # fmt: skip
+    rows.append(Row(name="trial-38", state="failed", step=3, total=50, started=now - 80))
+    rows += [Row(name=f"trial-{i:02d}", state="pending") for i in (39, 40)]
+    return rows
+
+
+def test_queued_trials_are_one_line_and_the_latest_results_fill_the_rest():
+    """The live display of a 72-trial sweep at any terminal height: every running trial (its
+    time left), the failed one, then the latest finished trials with their headline and the time
+    they took, and the 33 queued trials as one line; never more lines than the terminal has."""
+    now = 34 * 60.0
+    rows = _rows_of_a_main_figure_sweep(now)
+    for height in (42, 24, 16):
+        console = Console(record=True, height=height, width=100)
+        console.print(view("main-figure", rows, total=72, elapsed=now, now=now, eta=None,
+                           height=height))  # fmt: skip
+        lines = console.export_text().rstrip("\n").splitlines()
+        assert len(lines) <= height, (height, lines)
+        assert "34/72 done, 4 running, 1 failed, 33 queued" in lines[0]
+        (queued,) = [ln for ln in lines if "queued: " in ln]
+        assert queued.split() == ["queued:", "33"]
+        assert not any(f"trial-{i}" in ln for ln in lines for i in range(39, 72))
+        trial_rows = [ln.split() for ln in lines if ln.lstrip().startswith("trial-")]
+        assert [r[0] for r in trial_rows[:5]] == [*(f"trial-{i}" for i in range(34, 39))]
+        assert all(r[-2:] == ["50s", "left"] for r in trial_rows[:4])  # 2 s a step, 25 left
+        finished = trial_rows[5:]
+        assert finished, lines  # the room left goes to results, newest first
+        for k, row in enumerate(finished):
+            i = 33 - k
+            assert row == [f"trial-{i:02d}", "done", "50/50", f"{0.5 + i / 100:.3f}", "1m30s"]
+        (more,) = [ln for ln in lines if "more done" in ln]
+        assert more.split()[1] == str(34 - len(finished))
 
 
 def test_a_phase_says_what_it_does_then_how_long_it_took():
@@ -323,7 +372,7 @@ def test_a_search_counts_its_points_not_sampled_yet_as_queued():
     console.print(progress.render())
     text = console.export_text()
     assert "search: 0/5 done, 1 running, 0 failed, 4 queued" in text
-    assert "… 4 more queued" in text, text
+    assert "queued: 4" in text, text
 
 
 def test_a_full_disk_under_the_driver_log_raises_nothing_at_its_last_flush():

@@ -112,6 +112,43 @@ def test_an_unknown_sweep_is_exit_2_with_did_you_mean(project):
     assert "Traceback" not in wrong.stderr
 
 
+def test_history_is_every_logged_point_of_a_metric_in_long_format(project, frame):
+    import pandas as pd
+
+    import pdmask
+    from pdmask.errors import ConfigError
+    from pdmask.tracking.metric_names import is_headline
+
+    uri = f"sqlite:///{project / '.pdm' / 'mlflow.db'}"
+    long = pdmask.history("smoke", tracking_uri=uri)  # the headline metric, one per dataset
+    client = store_client(project)
+    stored = sorted(
+        (run_id, point.key, point.step, point.value, point.timestamp)
+        for run_id in frame["run_id"]
+        for key in client.get_run(run_id).data.metrics
+        if is_headline(key)
+        for point in client.get_metric_history(run_id, key)
+    )
+    millis = (long["timestamp"] - pd.Timestamp(0, tz="UTC")) // pd.Timedelta("1ms")
+    points = zip(long["run_id"], long["metric"], long["step"], long["value"], millis, strict=True)
+    assert sorted(points) == stored and stored  # raw: every point, as logged
+    runs = frame.set_index("run_id")
+    for run_id, rows in long.groupby("run_id"):
+        for column in ("run_name", "method", "setting", "seed", "backend", "trial_hash"):
+            assert set(rows[column]) == {runs.loc[run_id, column]}
+        last = rows[rows["step"] == rows["step"].max()]  # the runs table's final: their mean
+        assert last["value"].mean() == pytest.approx(runs.loc[run_id, "headline_final"])
+    same = pdmask.history("smoke", metric="val-core/*/acc/mean@16", tracking_uri=uri)
+    assert same.equals(long)  # `@` as verl writes it, `_at_` as MLflow stores it
+    entropy = pdmask.history("smoke", metric="actor/entropy", tracking_uri=uri)
+    assert set(entropy["metric"]) == {"actor/entropy"}
+    assert entropy.groupby("run_id")["step"].nunique().min() > 1  # per step, not a final
+    with pytest.raises(ConfigError, match="did you mean 'actor/entropy'"):
+        pdmask.history("smoke", metric="actor/entropi", tracking_uri=uri)
+    with pytest.raises(ConfigError, match="did you mean 'smoke'"):
+        pdmask.history("smok", tracking_uri=uri)
+
+
 def _size(path: Path) -> int:
     return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file())
 

@@ -18,8 +18,7 @@ from verl.workers.config import ActorConfig  # noqa: E402
 from pdmask.backends.verl.jobs import eval_metrics, setup_for  # noqa: E402
 from pdmask.backends.verl.rewards import compute_score  # noqa: E402
 from pdmask.figures import load_spec  # noqa: E402
-from pdmask.figures.metric_names import match_datasets  # noqa: E402
-from pdmask.tracking.metric_names import sanitize_metric  # noqa: E402
+from pdmask.tracking.metric_names import match_datasets, sanitize_metric  # noqa: E402
 
 from .batches import make_batch  # noqa: E402
 from .test_loss_path import ALL, actor_config, verl_step  # noqa: E402

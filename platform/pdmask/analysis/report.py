@@ -201,13 +201,16 @@ def paper_gap(summary: dict[str, Any], optimizer: str) -> float:
     return 100 * sum(gaps) / len(gaps) if gaps else math.nan
 
 
-def _headline(summary: dict[str, Any]) -> list[str]:
+def headline_table(summary: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """The paper-vs-run table as text cells: (column headers, rows), each row a quantity, the
+    paper's value, then this run's per optimizer. The report's first table and what
+    `pdm analyze tokens` prints."""
     opts = list(summary["optimizers"])
-    head = "| | paper | " + " | ".join(f"this run, {o}" for o in opts) + " |"
-    lines = [head, "|---|---:|" + "---:|" * len(opts)]
+    columns = ["", "paper", *(f"this run, {o}" for o in opts)]
+    rows: list[list[str]] = []
 
     def row(label: str, paper_value: str, values: list[str]) -> None:
-        lines.append(f"| {label} | {paper_value} | " + " | ".join(values) + " |")
+        rows.append([label, paper_value, *values])
 
     t = {o: summary["optimizers"][o]["tests"] for o in opts}
     row(
@@ -257,7 +260,13 @@ def _headline(summary: dict[str, Any]) -> list[str]:
         "0",
         [f"{paper_gap(summary, o):.1f}" for o in opts],
     )
-    return lines
+    return columns, rows
+
+
+def _headline(summary: dict[str, Any]) -> list[str]:
+    columns, rows = headline_table(summary)
+    lines = ["| | " + " | ".join(columns[1:]) + " |", "|---|" + "---:|" * (len(columns) - 1)]
+    return lines + ["| " + " | ".join(cells) + " |" for cells in rows]
 
 
 def _per_test(summary: dict[str, Any], opt: str) -> list[str]:

@@ -139,10 +139,18 @@ def tokens(
         track=not no_mlflow,
         progress=lambda line: print(line, flush=True),
     )
-    print()
-    print(result.paths["report"].read_text())
+    from pdmask.analysis.report import headline_table
+    from pdmask.console import console, table
+
+    columns, rows = headline_table(result.summary)
+    out_console = console()
+    out_console.print()
+    out_console.print(table("The paper's token-level table and this run", columns, rows))
+    # the whole report (power, float32 resolution, every direction test) is the markdown file
+    out_console.print(f"report: {result.paths['report']}", soft_wrap=True)
     for role, path in result.paths.items():
-        print(f"{role:<10} {path}")
+        if role != "report":
+            print(f"{role:<10} {path}")
     if result.run_id:
         print(f"mlflow run {result.run_id} (experiment {cfg.sweep})")
     print(f"wall time {result.wall_s / 60:.1f} min")

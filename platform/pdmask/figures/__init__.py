@@ -5,7 +5,7 @@
     result.paths["png"], result.paths["data_csv"], result.paths["manifest"]
 
 Modules, in the order data flows through them: ``spec`` (the YAML schema), ``runs`` (which runs,
-which cell), ``history`` (metric histories via a cache), ``metric_names`` (``@`` vs ``_at_``),
+which cell), ``history`` (metric histories via a cache),
 ``series`` (per-step statistics), ``cells`` / ``panels`` (what is drawn), ``render``
 (matplotlib), ``summary`` (the table), ``build`` (all of it, plus the files written).
 """

@@ -20,14 +20,21 @@ from pdmask import __version__
 from pdmask.console import redact
 from pdmask.figures.cells import CellCurves, eval_curves, metric_curves, wanted_metrics
 from pdmask.figures.history import FetchStats, HistoryCache, load_histories
-from pdmask.figures.metric_names import stored_pattern
 from pdmask.figures.panels import make_panels, panel_titles, plotted_frame, seed_count_text
 from pdmask.figures.render import GridStyle, Panel, draw_grid, save
 from pdmask.figures.runs import Selection, list_runs, open_client, select_runs
-from pdmask.figures.spec import BandSpec, FigureSpec, SmoothingSpec, load_spec, spec_path
+from pdmask.figures.spec import (
+    BEYOND_PAPER_MARK,
+    BandSpec,
+    FigureSpec,
+    SmoothingSpec,
+    load_spec,
+    spec_path,
+)
 from pdmask.figures.styles import MethodStyle, resolve_styles
 from pdmask.figures.summary import summary_markdown, summary_rows
 from pdmask.paths import state_dir
+from pdmask.tracking.metric_names import stored_pattern
 from pdmask.tracking.store import resolve_tracking_uri
 
 
@@ -69,29 +76,63 @@ class _Context:
         return self.paths[role]
 
 
+def _marked_styles(spec: FigureSpec, styles: Mapping[str, MethodStyle] | None) -> dict:
+    """Every method's style; a method beyond the paper says so in its name."""
+    resolved = resolve_styles(spec.all_methods, styles)
+    for method in spec.beyond_paper:
+        style = resolved[method]
+        resolved[method] = MethodStyle(f"{style.display_name} {BEYOND_PAPER_MARK}", style.color)
+    return resolved
+
+
 def _y_label(spec: FigureSpec, datasets: set[str]) -> str:
     names = [spec.metric.dataset_labels.get(d, d) for d in sorted(datasets)]
     return f"{spec.metric.label} ({' + '.join(names)})" if names else spec.metric.label
 
 
-def _footnote(ctx: _Context, smoothing: SmoothingSpec) -> str:
+def _drawn_runs(ctx: _Context, grid: list[list[Panel]]) -> int:
+    """How many runs the lines of ``grid`` rest on (each run once, whatever the rows)."""
+    return len(
+        {
+            run.run_id
+            for panels in grid
+            for key, panel in zip(ctx.keys, panels, strict=True)
+            for line in panel.lines
+            for run in ctx.selection.cells.get((key, line.method), ())
+        }
+    )
+
+
+def _methods_that_ran(ctx: _Context) -> list[str]:
+    """The paper's methods, then those beyond it that have runs here (on VeRL, pdm-gram has
+    none: no panel says "no data" for a method the backend never trains)."""
+    ran = {series for _, series in ctx.selection.cells}
+    return [*ctx.spec.methods, *(m for m in ctx.spec.beyond_paper if m in ran)]
+
+
+def _footnote(ctx: _Context, smoothing: SmoothingSpec, runs: int) -> str:
     parts = ["Lines: mean over the seeds present at each step"]
     if smoothing.describe():
         parts.append(smoothing.describe())
     delta = f", δ\u00a0=\u00a0{ctx.spec.delta:g}" if ctx.spec.delta is not None else ""  # no break
-    parts.append(f"sweep {ctx.sweep}{delta}, {len(ctx.selection.runs())} runs")
+    parts.append(f"sweep {ctx.sweep}{delta}, {runs} run{'s' if runs != 1 else ''} drawn")
     return "; ".join(parts) + "."
 
 
 def _grid_style(
-    ctx: _Context, band: BandSpec, seeds: str, *, with_controls: bool = False
+    ctx: _Context,
+    band: BandSpec,
+    seeds: str,
+    methods: list[str],
+    *,
+    with_controls: bool = False,
 ) -> GridStyle:
     # A band needs two seeds: with one seed per line there is none, and no legend entry for it.
     label = (
         band.describe(seeds) if band.kind != "none" and seeds not in {"1 seed", "no seeds"} else ""
     )
     spec = ctx.spec
-    styles, linestyles, series = dict(ctx.styles), dict(spec.linestyles), list(spec.methods)
+    styles, linestyles, series = dict(ctx.styles), dict(spec.linestyles), list(methods)
     if with_controls:
         for control in spec.controls:
             styles[control.key] = MethodStyle(control.label, control.color)
@@ -100,30 +141,44 @@ def _grid_style(
     return GridStyle(styles, linestyles, series, spec.layout, label)
 
 
-def _write_main(ctx: _Context, cells: dict[tuple[str, str], CellCurves], y_label: str):
+def _write_main(
+    ctx: _Context,
+    cells: dict[tuple[str, str], CellCurves],
+    y_label: str,
+    methods: list[str],
+    extended: bool = False,
+) -> list[Panel]:
+    """The figure of ``methods`` (the paper's), or with ``extended`` its ``-extended`` twin
+    (files and roles named so) that draws the methods beyond the paper too."""
     spec = ctx.spec
-    panels = make_panels(spec, ctx.selection, cells, spec.band, ctx.styles)
+    name, role = (f"{spec.name}-extended", "extended_") if extended else (spec.name, "")
+    panels = make_panels(spec, ctx.selection, cells, spec.band, ctx.styles, methods)
     cols = spec.layout.columns
-    grid = [panels[i : i + cols] for i in range(0, len(panels), cols)]
+    rows = [panels[i : i + cols] for i in range(0, len(panels), cols)]
     fig = draw_grid(
-        grid,
-        _grid_style(ctx, spec.band, seed_count_text(panels)),
-        row_labels=[y_label] * len(grid),
-        yscales=["linear"] * len(grid),
+        rows,
+        _grid_style(ctx, spec.band, seed_count_text(panels), methods),
+        row_labels=[y_label] * len(rows),
+        yscales=["linear"] * len(rows),
         x_label=spec.x_label,
         title=spec.title,
-        footnote=_footnote(ctx, spec.smoothing),
+        footnote=_footnote(ctx, spec.smoothing, _drawn_runs(ctx, [panels])),
     )
-    save(fig, ctx.path("png", f"{spec.name}.png"), ctx.path("pdf", f"{spec.name}.pdf"), spec.layout)
-    frame = plotted_frame(spec.name, stored_pattern(spec.metric.pattern), ctx.keys, panels)
-    frame.to_csv(ctx.path("data_csv", f"{spec.name}.data.csv"), index=False)
+    save(
+        fig,
+        ctx.path(f"{role}png", f"{name}.png"),
+        ctx.path(f"{role}pdf", f"{name}.pdf"),
+        spec.layout,
+    )
+    frame = plotted_frame(name, stored_pattern(spec.metric.pattern), ctx.keys, panels)
+    frame.to_csv(ctx.path(f"{role}data_csv", f"{name}.data.csv"), index=False)
     return panels
 
 
 def _write_diagnostics(ctx: _Context, seeds: str) -> None:
     spec, dspec = ctx.spec, ctx.spec.diagnostics
     band = dspec.band or spec.band
-    style = _grid_style(ctx, band, seeds, with_controls=True)
+    style = _grid_style(ctx, band, seeds, _methods_that_ran(ctx), with_controls=True)
     grid: list[list[Panel]] = []
     frames: list[pd.DataFrame] = []
     for metric in dspec.metrics:
@@ -141,7 +196,7 @@ def _write_diagnostics(ctx: _Context, seeds: str) -> None:
         yscales=[m.yscale for m in dspec.metrics],
         x_label=spec.x_label,
         title=f"{spec.title} — training diagnostics" if spec.title else "Training diagnostics",
-        footnote=_footnote(ctx, dspec.smoothing),
+        footnote=_footnote(ctx, dspec.smoothing, _drawn_runs(ctx, grid)),
     )
     stem = f"{spec.name}-diagnostics"
     save(
@@ -248,12 +303,14 @@ def build_figure(
     fetch = FetchStats()
     histories = load_histories(client, wanted_metrics(spec, selection), cache, fetch)
     read_s = time.perf_counter() - started
-    ctx = _Context(spec, sweep, out, resolve_styles(spec.methods, styles), selection, histories)
+    ctx = _Context(spec, sweep, out, _marked_styles(spec, styles), selection, histories)
 
     cells = eval_curves(spec, selection, histories)
     datasets = {d for c in cells.values() for ds in c.datasets.values() for d in ds}
     y_label = _y_label(spec, datasets)
-    panels = _write_main(ctx, cells, y_label)
+    panels = _write_main(ctx, cells, y_label, spec.methods)
+    if _methods_that_ran(ctx) != spec.methods:
+        _write_main(ctx, cells, y_label, _methods_that_ran(ctx), extended=True)
     if spec.diagnostics and diagnostics:
         _write_diagnostics(ctx, seed_count_text(panels))
     markdown = _write_summary(ctx, cells, y_label)

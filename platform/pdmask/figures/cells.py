@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from pdmask.figures.metric_names import match_datasets
 from pdmask.figures.runs import RunRecord, Selection
 from pdmask.figures.series import Curve, mean_over_datasets, smooth
 from pdmask.figures.spec import FigureSpec, SmoothingSpec
-from pdmask.tracking.metric_names import sanitize_metric
+from pdmask.tracking.metric_names import match_datasets, sanitize_metric
 
 Histories = Mapping[str, Mapping[str, Curve]]  # run id -> metric name -> curve
 

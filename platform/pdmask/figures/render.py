@@ -118,11 +118,11 @@ def _log_or_fallback(panel: Panel) -> str:
     return "symlog" if (values > 0).any() else "linear"
 
 
-def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str) -> bool:
-    """Draw one panel; True when it shows a stop marker."""
+def _draw_panel(ax, panel: Panel, style: GridStyle, yscale: str, title: str) -> bool:
+    """Draw one panel under ``title`` (its title as it fits); True when it shows a stop marker."""
     ax.spines[["top", "right"]].set_visible(False)
     ax.grid(True, linewidth=0.4, alpha=0.35)
-    ax.set_title(panel.title, pad=3)
+    ax.set_title(title, pad=3)
     has_stop = False
     if not panel.lines:
         ax.set_xticks([])
@@ -316,16 +316,33 @@ def draw_grid(
     n_rows, n_cols = len(grid), max(len(row) for row in grid)
     layout, m = style.layout, _Margins()
     scale = layout.font_size / 8.0  # margins hold text, so they grow with the font
-    title_lines = [
-        max((p.title.count("\n") + 1 for p in row if p is not None and p.title), default=0)
-        for row in grid
-    ]
     width = (
         (m.left + m.right) * scale + n_cols * layout.panel_width + (n_cols - 1) * m.col_gap * scale
     )
     with mpl.rc_context(_rc(layout)):
         fig = Figure()
         FigureCanvasAgg(fig)  # a renderer to measure the legend, without pyplot
+        # Each line of a panel title wrapped to the panel's width, measured (the last column's
+        # title has only the right margin beyond it), less 5 % for glyphs hinted at the PNG's dpi.
+        titles = [
+            [
+                "\n".join(
+                    _wrap_to_width(
+                        fig,
+                        fig.canvas.get_renderer(),
+                        part,
+                        mpl.rcParams["axes.titlesize"],
+                        0.95 * layout.panel_width * fig.dpi,
+                    )
+                    for part in p.title.split("\n")
+                )
+                if p is not None
+                else ""
+                for p in row
+            ]
+            for row in grid
+        ]
+        title_lines = [max((t.count("\n") + 1 for t in row if t), default=0) for row in titles]
         any_stop = False
         axes = []
         for r, row in enumerate(grid):
@@ -336,7 +353,7 @@ def draw_grid(
                 axes[r].append(ax)
                 if ax is None:
                     continue
-                any_stop |= _draw_panel(ax, panel, style, yscales[r])
+                any_stop |= _draw_panel(ax, panel, style, yscales[r], titles[r][c])
                 if c == 0:
                     ax.set_ylabel(row_labels[r])
         methods, extras = _legend_handles(style, any_stop)

@@ -139,7 +139,7 @@ def select_runs(
     """
     selection = Selection()
     panels = {(p.model, p.precision): p for p in spec.panels}
-    methods = set(spec.methods)
+    methods = set(spec.all_methods)
     figure_knobs = _knob_tags(spec.tags)
 
     def skip(reason: str) -> None:
@@ -209,7 +209,7 @@ def _series(spec: FigureSpec, run: RunRecord, figure_knobs: dict[str, str]) -> s
         tags_match = all(run.tags.get(k) == v for k, v in control.tags.items())
         if run.method == control.method and knobs == wanted and tags_match:
             return control.key
-    if run.method in spec.methods and knobs == figure_knobs:
+    if run.method in spec.all_methods and knobs == figure_knobs:
         return run.method
     return None
 

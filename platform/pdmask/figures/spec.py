@@ -101,6 +101,7 @@ class MetricSpec(_Strict):
 
 
 PRECISION_FIELD = "{precision}"
+BEYOND_PAPER_MARK = "(beyond the paper)"  # after a `beyond_paper` method's name, wherever shown
 
 
 class PanelSpec(_Strict):
@@ -211,7 +212,17 @@ class FigureSpec(_Strict):
         default_factory=dict, description="Further exact tag matches required of every run."
     )
     methods: list[str] = Field(
-        min_length=1, description="Recipe names drawn, in legend order (the `pdm.method` tag)."
+        min_length=1,
+        description="Recipe names drawn, in legend order (the `pdm.method` tag). For a figure "
+        "of the paper, the paper's methods: this list is their home.",
+    )
+    beyond_paper: list[str] = Field(
+        default_factory=list,
+        description="Methods a sweep runs beyond the paper's figure (e.g. pdm-gram). They stay "
+        "out of this figure, so it can be read against the paper's line for line, and are "
+        "drawn with `methods` in a figure of their own, `<name>-extended`, their legend "
+        "entries marked 'beyond the paper'; the diagnostics figure and the summary hold them "
+        "too, marked the same way.",
     )
     linestyles: dict[str, str] = Field(
         default_factory=dict,
@@ -238,6 +249,11 @@ class FigureSpec(_Strict):
     )
     layout: LayoutSpec = Field(default_factory=LayoutSpec, description="Size and typography.")
 
+    @property
+    def all_methods(self) -> list[str]:
+        """Every method the figure's files draw: the paper's, then those beyond it."""
+        return [*self.methods, *self.beyond_paper]
+
 
 _LINESTYLES = {"solid", "dashed", "dashdot", "dotted", "-", "--", "-.", ":"}
 
@@ -254,9 +270,16 @@ def _cross_field_problems(spec: FigureSpec, file: str) -> list[Problem]:
         seen.add(panel.key)
     if len(set(spec.methods)) != len(spec.methods):
         problems.append(Problem(file, "methods", "lists a method twice"))
+    for j, method in enumerate(spec.beyond_paper):
+        if method in spec.methods or method in spec.beyond_paper[:j]:
+            problems.append(
+                Problem(file, f"beyond_paper.{j}", f"{method!r} is listed twice (or in `methods`)")
+            )
     for method, style in spec.linestyles.items():
-        if method not in spec.methods:
-            problems.append(Problem(file, f"linestyles.{method}", "is not one of `methods`"))
+        if method not in spec.all_methods:
+            problems.append(
+                Problem(file, f"linestyles.{method}", "is not one of `methods`, `beyond_paper`")
+            )
         if style not in _LINESTYLES:
             problems.append(
                 Problem(file, f"linestyles.{method}", f"{style!r} is not one of {_LINESTYLES}")
@@ -269,13 +292,17 @@ def _cross_field_problems(spec: FigureSpec, file: str) -> list[Problem]:
         if spec.paired.baseline not in spec.methods:
             problems.append(Problem(file, "paired.baseline", "is not one of `methods`"))
         for j, method in enumerate(spec.paired.methods):
-            if method not in spec.methods:
-                problems.append(Problem(file, f"paired.methods.{j}", f"{method!r} not in methods"))
+            if method not in spec.all_methods:
+                problems.append(
+                    Problem(
+                        file, f"paired.methods.{j}", f"{method!r} not in methods or beyond_paper"
+                    )
+                )
             if method == spec.paired.baseline:
                 problems.append(Problem(file, f"paired.methods.{j}", "is the baseline itself"))
     control_keys: set[str] = set()
     for i, control in enumerate(spec.controls):
-        if control.key in spec.methods or control.key in control_keys:
+        if control.key in spec.all_methods or control.key in control_keys:
             problems.append(
                 Problem(
                     file, f"controls.{i}.key", "must differ from the methods and other controls"
@@ -372,7 +399,7 @@ def _selects(spec: FigureSpec, trial) -> bool:
     return (
         delta_ok
         and (spec.backend is None or spec.backend == trial.backend)
-        and trial.method in spec.methods
+        and trial.method in spec.all_methods
         and any(p.model == trial.model and p.precision == trial.precision for p in spec.panels)
     )
 
@@ -390,7 +417,7 @@ def sweep_fit_problems(
     evaluation metrics the backend logs (``eval_metrics``, as MLflow stores them), or selects
     none of the trials. Checked before a sweep launches, so a figure never fails after hours
     of training for a reason visible up front."""
-    from pdmask.figures.metric_names import match_datasets
+    from pdmask.tracking.metric_names import match_datasets
 
     try:
         spec = load_spec(name, directory)
@@ -404,8 +431,9 @@ def sweep_fit_problems(
         return Problem(str(path), field, message, src.line(loc))
 
     problems = [
-        problem(f"methods.{i}", f"{m!r} is not a recipe; {known_names(m, recipes)}")
-        for i, m in enumerate(spec.methods)
+        problem(f"{where}.{i}", f"{m!r} is not a recipe; {known_names(m, recipes)}")
+        for where, methods in (("methods", spec.methods), ("beyond_paper", spec.beyond_paper))
+        for i, m in enumerate(methods)
         if m not in recipes
     ]
     if eval_metrics and not match_datasets(spec.metric.pattern, eval_metrics):

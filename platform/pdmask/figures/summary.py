@@ -19,7 +19,7 @@ from scipy import stats
 from pdmask.figures.panels import honest_title
 from pdmask.figures.runs import RunRecord
 from pdmask.figures.series import Curve
-from pdmask.figures.spec import FigureSpec
+from pdmask.figures.spec import BEYOND_PAPER_MARK, FigureSpec
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def summary_rows(spec: FigureSpec, cells: CellRuns) -> list[dict]:
     rows: list[dict] = []
     per_seed: dict[tuple[str, str], dict[str, Endpoints]] = {}
     for panel in spec.panels:
-        for method in spec.methods:
+        for method in spec.all_methods:
             ends = {
                 run.seed or run.run_id: e
                 for run, curve in cells.get((panel.key, method), [])
@@ -141,6 +141,9 @@ def summary_markdown(
     def cell(mean: float, ci: float, n: int) -> str:
         return Estimate(mean, ci, n).text()
 
+    def shown(method: str) -> str:
+        return f"{method} {BEYOND_PAPER_MARK}" if method in spec.beyond_paper else method
+
     lines = [
         f"## {spec.name}: {metric_label}",
         "",
@@ -153,7 +156,7 @@ def summary_markdown(
     for r in rows:
         if r["kind"] == "method" and r["n"] > 0:
             lines.append(
-                f"| {titles[r['setting']]} | {r['method']} | "
+                f"| {titles[r['setting']]} | {shown(r['method'])} | "
                 f"{cell(r['final_mean'], r['final_ci'], r['n'])} | "
                 f"{cell(r['best_mean'], r['best_ci'], r['n'])} |"
             )
@@ -170,17 +173,17 @@ def summary_markdown(
         ]
         for r in paired:
             lines.append(
-                f"| {titles[r['setting']]} | {r['method']} | "
+                f"| {titles[r['setting']]} | {shown(r['method'])} | "
                 f"{cell(r['final_mean'], r['final_ci'], r['n'])} | "
                 f"{cell(r['best_mean'], r['best_ci'], r['n'])} | {r['wins_final']} |"
             )
     missing: dict[str, list[str]] = {}
     for r in rows:
         if r["kind"] == "method" and r["n"] == 0:
-            missing.setdefault(titles[r["setting"]], []).append(r["method"])
+            missing.setdefault(titles[r["setting"]], []).append(shown(r["method"]))
     if missing:
         parts = [
-            f"{title}: {'all methods' if len(ms) == len(spec.methods) else ', '.join(ms)}"
+            f"{title}: {'all methods' if len(ms) == len(spec.all_methods) else ', '.join(ms)}"
             for title, ms in missing.items()
         ]
         lines += ["", "No data (left out above): " + "; ".join(parts) + "."]

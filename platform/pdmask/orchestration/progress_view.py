@@ -5,9 +5,10 @@ ETA (``eta.py``, the rule both launch kinds use), so the tests render a 60-trial
 clock. The header counts this invocation's trials:
 done (finished, or found finished by another invocation meanwhile), running (training, waiting
 for another sweep's claim, or retrying), failed (crashed out of retries, stalled, refused
-configuration) and queued (not started yet). The table shows running trials first, then failed,
-queued and done ones, as many as the terminal's height leaves room for, and one "N more ..."
-line per kind that did not fit.
+configuration) and queued (not started yet). The table shows running trials first (with the
+time each has left), then failed ones, then the latest finished (headline metric and time
+taken), as many as the terminal's height leaves room for, one "… N more" line per kind that
+did not fit, and the queued trials as one line, "queued: 33".
 """
 
 from __future__ import annotations
@@ -76,51 +77,61 @@ def header(sweep: str, rows: list[Row], total: int, elapsed: float, eta: float |
     )
 
 
-def visible(
-    rows: list[Row], queued_names: list[str], room: int, unnamed_queued: int = 0
-) -> tuple[list[Row], list[str]]:
-    """The rows that fit in ``room`` lines, running ones first, and a "N more ..." line for each
-    kind cut; ``queued_names``: trials not started yet (shown as queued rows); ``unnamed_queued``:
-    more of them, whose names are not known yet (a search's points), counted in a "more" line."""
-    queued = [r for r in rows if r.state == "pending"]
-    queued += [Row(name=n, state="queued") for n in queued_names]
+def latest_done(rows: list[Row]) -> list[Row]:
+    """The finished trials, the latest first (those finished before this invocation last)."""
+    done = [r for r in rows if r.state in DONE]
+    return sorted(done, key=lambda r: -(r.finished_at or float("-inf")))
+
+
+def visible(rows: list[Row], queued: int, room: int) -> tuple[list[Row], list[str]]:
+    """The rows that fit in ``room`` lines: running ones first, then failed ones, then the
+    latest finished; then a "… N more" line for each kind cut, and the ``queued`` trials (not
+    started yet) as one "queued: N" line."""
     kinds = [
-        ("running", [r for r in rows if r.state in RUNNING], 0),
-        ("failed", [r for r in rows if r.state in FAILED], 0),
-        ("queued", queued, unnamed_queued),
-        ("done", [r for r in rows if r.state in DONE], 0),
+        ("running", [r for r in rows if r.state in RUNNING]),
+        ("failed", [r for r in rows if r.state in FAILED]),
+        ("done", latest_done(rows)),
     ]
-    needed = sum(len(members) for _, members, _ in kinds)
+    queued_line = [f"queued: {queued}"] if queued else []
+    room -= len(queued_line)
+    needed = sum(len(members) for _, members in kinds)
     for more_lines in range(len(kinds) + 1):
         cap = max(min(needed, room - more_lines), 0)
         shown, more = [], []
-        for kind, members, unnamed in kinds:
+        for kind, members in kinds:
             take = members[: max(cap - len(shown), 0)]
             shown += take
-            if len(take) < len(members) or unnamed:
-                more.append(f"… {len(members) - len(take) + unnamed} more {kind}")
+            if len(take) < len(members):
+                more.append(f"… {len(members) - len(take)} more {kind}")
         if len(more) <= more_lines:
             break
-    return shown, more
+    return shown, more + queued_line
 
 
-def view(sweep: str, rows: list[Row], queued_names: list[str], *, total: int, elapsed: float,
-         now: float, eta: float | None, height: int) -> Group:  # fmt: skip
+def _time(row: Row, now: float) -> str:
+    """A running trial's time left (at its rate so far), a finished one's time taken."""
+    if row.state in DONE:  # skipped / elsewhere: finished by another invocation, not timed here
+        timed = row.state == "done" and row.finished_at is not None
+        return duration(row.finished_at - row.started) if timed else ""
+    left = row.remaining(now)
+    return "" if left is None else f"{duration(left)} left"
+
+
+def view(sweep: str, rows: list[Row], *, total: int, elapsed: float, now: float,
+         eta: float | None, height: int) -> Group:  # fmt: skip
     """The header above a table of the rows that fit in ``height`` lines."""
-    pending = sum(r.state == "pending" for r in rows)
-    queued = max(counts(rows, total).queued - pending, 0)  # not started, not even by Tune
-    named = queued_names[:queued]
-    shown, more = visible(rows, named, max(height - FIXED_LINES, 1), queued - len(named))
+    queued = counts(rows, total).queued  # not started (Tune's pending trials among them)
+    shown, notes = visible(rows, queued, max(height - FIXED_LINES, 1))
     body = [
         [
             r.name,
             r.state,
             f"{max(r.step, 0)}/{r.total}" if r.total else ("" if r.step < 0 else r.step),
             "" if r.eval is None else f"{r.eval:.3f}",
-            "" if (left := r.remaining(now)) is None else duration(left),
+            _time(r, now),
         ]
         for r in shown
     ]
-    body += [[line, "", "", "", ""] for line in more]
-    trials = table("trials", ["trial", "state", "step", HEADLINE_LABEL, "ETA"], body)
+    body += [[line, "", "", "", ""] for line in notes]
+    trials = table("trials", ["trial", "state", "step", HEADLINE_LABEL, "time"], body)
     return Group(Text(header(sweep, rows, total, elapsed, eta), style="bold"), trials)

@@ -104,5 +104,7 @@ def _build_figures(console: Console, session: SweepSession, outcome: SweepOutcom
             continue
         outcome.figures[name] = str(result.paths.get("png"))
         console.print(f"figure {name}: {result.paths.get('png')}")
+        if extended := result.paths.get("extended_png"):  # the figure-spec's `beyond_paper`
+            console.print(f"figure {name} with the methods beyond the paper: {extended}")
         if numbers := result.paths.get("summary_md"):  # the paired differences are there
             console.print(f"figure {name} in numbers, paired against the baseline: {numbers}")

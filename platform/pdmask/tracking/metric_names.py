@@ -8,6 +8,8 @@ write keys exactly as verl's adapter does, and figures look them up the same way
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
+from functools import lru_cache
 
 _UNSAFE = re.compile(r"[^/\w.\- :]")
 
@@ -35,3 +37,27 @@ def is_headline(name: str) -> bool:
 # Training diagnostics every backend logs under one name (design.md's metrics contract)
 MASKED_SHARE = "actor/pdm/masked_frac"  # share of the step's tokens the mask zeroed
 ENTROPY = "actor/entropy"  # mean token entropy of the policy (verl's name)
+
+
+# A pattern (a figure's metric, `pdmask.history`'s) may be written with `@` or as stored; its
+# single `*` is one path segment, the dataset, and it matches both forms of a name.
+def stored_pattern(pattern: str) -> str:
+    """``pattern`` as the names it matches are stored (each part sanitised, ``*`` kept)."""
+    return "*".join(sanitize_metric(part) for part in pattern.split("*"))
+
+
+@lru_cache(maxsize=64)
+def _compile(pattern: str) -> re.Pattern[str]:
+    head, tail = stored_pattern(pattern).split("*", 1)
+    return re.compile(f"{re.escape(head)}([^/]+){re.escape(tail)}")
+
+
+def match_datasets(pattern: str, metric_names: Iterable[str]) -> dict[str, str]:
+    """Map dataset name -> metric name for every metric matching ``pattern`` (sorted by dataset)."""
+    regex = _compile(pattern)
+    found: dict[str, str] = {}
+    for name in metric_names:
+        match = regex.fullmatch(sanitize_metric(name))
+        if match:
+            found.setdefault(match.group(1), name)
+    return dict(sorted(found.items()))

@@ -35,10 +35,9 @@ IDENTITY_TAGS = {
     "profile": "pdm.profile",
     "trial_hash": "pdm.trial_hash",
 }
+IDENTITY_COLUMNS = ["run_id", "run_name", *IDENTITY_TAGS]  # what names a run (`identity`)
 COLUMNS = [
-    "run_id",
-    "run_name",
-    *IDENTITY_TAGS,
+    *IDENTITY_COLUMNS,
     "status",
     "attempts",
     "failures",
@@ -80,6 +79,20 @@ def headline(client, run) -> tuple[float | None, float | None, int | None]:
     return means[last], max(means.values()), last
 
 
+def identity(run) -> dict[str, Any]:
+    """A run's identity columns, the first of ``COLUMNS``: its id and name, then its
+    ``IDENTITY_TAGS`` (delta and seed as numbers)."""
+    tags, info = run.data.tags, run.info
+    return {
+        "run_id": info.run_id,
+        "run_name": info.run_name or tags.get("mlflow.runName"),
+        # Names stay strings (a model or hash that looks like a number is still a name).
+        **{column: tags.get(tag) for column, tag in IDENTITY_TAGS.items()},
+        "delta": plain(tags.get("pdm.delta")),
+        "seed": plain(tags.get("pdm.seed")),
+    }
+
+
 def _row(client, run) -> dict[str, Any]:
     tags, info = run.data.tags, run.info
     start, end = info.start_time, info.end_time
@@ -92,12 +105,7 @@ def _row(client, run) -> dict[str, Any]:
         wall = (end - start) / 1000 if end else None
     final, best, step = headline(client, run)
     row: dict[str, Any] = {
-        "run_id": info.run_id,
-        "run_name": info.run_name or tags.get("mlflow.runName"),
-        # Names stay strings (a model or hash that looks like a number is still a name).
-        **{column: tags.get(tag) for column, tag in IDENTITY_TAGS.items()},
-        "delta": plain(tags.get("pdm.delta")),
-        "seed": plain(tags.get("pdm.seed")),
+        **identity(run),
         "status": info.status,
         "attempts": int(tags.get("pdm.attempts", "1")),
         "failures": len(json.loads(tags.get("pdm.failures", "[]"))),
@@ -120,6 +128,15 @@ def _iso(ms: int | None) -> str | None:
 def run_rows(sweep: str | None = None, tracking_uri: str | None = None) -> list[dict[str, Any]]:
     """The rows of ``runs`` as dicts (for ``pdm runs --json``): one per run of ``sweep``, or of
     every sweep in the store when ``sweep`` is None, ordered by sweep and run name."""
+    client, found = sweep_runs(sweep, tracking_uri)
+    rows = [_row(client, run) for run in found]
+    return sorted(rows, key=lambda r: (r["sweep"] or "", r["run_name"] or ""))
+
+
+def sweep_runs(sweep: str | None, tracking_uri: str | None = None) -> tuple[Any, list]:
+    """(client, MLflow runs) of ``sweep``, or of every sweep when None; no runs (and no client)
+    where the store does not exist yet. An unknown sweep raises ConfigError naming the closest
+    known ones; a sweep of the project that never ran has no runs."""
     uri = resolve_tracking_uri(tracking_uri)
     if uri.startswith("sqlite:") and not sqlite_path(uri).exists():
         client = None
@@ -135,14 +152,14 @@ def run_rows(sweep: str | None = None, tracking_uri: str | None = None) -> list[
             known = ({e.name for e in experiments} - {"Default"}) | _registry_sweeps()
             if sweep not in known:
                 raise ConfigError(f"unknown sweep {sweep!r}: {known_names(sweep, known)}")
-            return []  # a sweep of the project that has not run yet
+            return client, []  # a sweep of the project that has not run yet
         experiments = [exp]
-    rows = []
+    found = []
     for exp in experiments:
         if exp.name == "Default" and sweep is None:
             continue
-        rows += [_row(client, run) for run in _all_runs(client, exp.experiment_id)]
-    return sorted(rows, key=lambda r: (r["sweep"] or "", r["run_name"] or ""))
+        found += _all_runs(client, exp.experiment_id)
+    return client, found
 
 
 def _registry_sweeps() -> set[str]:

@@ -157,10 +157,6 @@ class SweepProgress(Callback):
         dropped = [h for h in hashes if self.names.pop(h, None) is not None]
         self.total -= len(dropped)
 
-    def _queued_names(self) -> list[str]:
-        started = {r.trial_hash for r in self.rows.values()}
-        return [n for h, n in self.names.items() if h not in started]
-
     def eta(self, rows: list[Row], now: float) -> float | None:
         """``eta.sweep_eta`` over the rows and the trials not started yet (in launch order; a
         search's points, not known upfront, as the others)."""
@@ -268,7 +264,6 @@ class SweepProgress(Callback):
         return view(
             self.sweep,
             rows,
-            self._queued_names(),
             total=self.total,
             elapsed=now - self.started,
             now=now,
