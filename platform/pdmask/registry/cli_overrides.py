@@ -181,7 +181,7 @@ def with_overrides(reg: Registry, name: str, words: Sequence[str]) -> Registry:
         if isinstance(o.value, list):
             continue
         if isinstance(o.value, bool) or o.value not in sweep.seed_list():
-            problems.append(_off_axis(o, o.value, sweep.seed_list()))
+            problems.append(_off_axis(o, o.value, sweep.seed_list(), sweep.name))
         else:  # one of its seeds: the same trials, the others left out
             sweep = sweep.model_copy(update={"seeds": [o.value]})
     problems += _select(sweep, overridden, filters)
@@ -223,7 +223,7 @@ def _select(sweep: Sweep, src: YamlSource, filters: list[Override]) -> list[Prob
             continue
         off = [v for v in wanted if v not in taken[o.key]]
         if off:
-            problems.append(_off_axis(o, off[0], taken[o.key]))
+            problems.append(_off_axis(o, off[0], taken[o.key], sweep.name))
             continue
         sweep.select(o.key, wanted)
     if not problems and not any(
@@ -235,12 +235,12 @@ def _select(sweep: Sweep, src: YamlSource, filters: list[Override]) -> list[Prob
     return problems
 
 
-def _off_axis(o: Override, value: Any, taken: list[Any]) -> Problem:
+def _off_axis(o: Override, value: Any, taken: list[Any], sweep: str) -> Problem:
     axis = "seeds" if o.key == SEED else f"{o.key} axis"
     if not taken:
-        return Problem(COMMAND_LINE, o.word, f"the sweep has no {o.key!r} axis to filter")
+        return Problem(COMMAND_LINE, o.word, f"sweep {sweep} has no {o.key!r} axis to filter")
     return Problem(
         COMMAND_LINE,
         o.word,
-        f"{value!r} is not on the sweep's {axis}; {known_names(value, map(_flow, taken))}",
+        f"{value!r} is not on sweep {sweep}'s {axis}; {known_names(value, map(_flow, taken))}",
     )
