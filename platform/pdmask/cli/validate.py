@@ -29,10 +29,9 @@ def validate(
 ) -> None:
     """Validate recipes and sweeps; report every problem at once (exit 2)."""
     from pdmask.console import console
+    from pdmask.errors import Problem, ValidationFailed
     from pdmask.orchestration.preflight import validate_sweeps
     from pdmask.registry import load_registry
-
-    from pdmask.errors import Problem, ValidationFailed
     from pdmask.registry.cli_overrides import COMMAND_LINE, with_overrides
 
     names = [word for word in sweeps or [] if "=" not in word]
