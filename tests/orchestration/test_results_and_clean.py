@@ -238,8 +238,17 @@ def test_overrides_under_another_name_or_the_same_train_only_the_new_seed(projec
         smoke.replace("name: smoke", "name: smoke-again")
     )
     words = ("method=pdm-agg", "seed=[0,1]")
-    plan = pdm(project, "sweep", "smoke-again", *words, "--dry-run", "--json")
-    assert plan.returncode == 0, plan.stderr
+    from typer.testing import CliRunner
+
+    from pdmask.cli import app
+
+    env = {
+        "PDM_PROJECT": str(project),
+        "PDM_HOME": str(project / ".pdm"),
+        "MLFLOW_TRACKING_URI": None,
+    }
+    plan = CliRunner().invoke(app, ["sweep", "smoke-again", *words, "--dry-run", "--json"], env=env)
+    assert plan.exit_code == 0, plan.output  # in this process: a dry run reads, writes nothing
     data = json.loads(plan.stdout)
     assert data["overrides"] == "method=pdm-agg seed=[0, 1]"
     status = {row["seed"]: row["status"] for row in data["trials"]}

@@ -43,9 +43,9 @@ def sweep(
     overrides: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="[KEY=VALUE]...",
+            metavar="KEY=VALUE",
             help="Overrides, validated like the sweep file: an axis filter (`precision=bf16`, "
-            "`method=[pdm-agg,pdm-uni]`), the seeds (`seed=[0,1,2,3]`; `seed=1` keeps one), a "
+            "`method=pdm-agg`), the seeds (`seed=[0,1,2,3]`; `seed=1` keeps one), a "
             "setting (`profile=full`, `steps=100`). Values are YAML. Trials already FINISHED in "
             "any sweep are reused, not trained again.",
             show_default=False,

@@ -19,7 +19,7 @@ def validate(
     sweeps: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="SWEEP... [KEY=VALUE]...",
+            metavar="SWEEP|KEY=VALUE",
             help="Sweeps to expand (default: all), and overrides applied to each of them as "
             "`pdm sweep NAME KEY=VALUE` applies them (e.g. `main-figure precision=bf16`).",
             autocompletion=_choices.complete_sweep,
