@@ -162,3 +162,14 @@ def test_the_dry_run_shows_the_overrides_and_only_the_selected_trials(project):
     bad = pdm("sweep", "main-figure", "precision=fp16", "seed=[x]", project=project)
     assert bad.returncode == 2
     assert "precision=fp16" in bad.stderr + bad.stdout and "seed=[x]" in bad.stderr + bad.stdout
+
+
+def test_validate_takes_the_same_overrides(project):
+    # (one call: `pdm validate` runs every recipe's code on synthetic batches, seconds each)
+    bad = pdm("validate", "smoke", "precision=fp16", project=project)
+    assert bad.returncode == 2
+    assert "command line: precision=fp16: 'fp16' is not on sweep smoke's precision axis" in (
+        bad.stdout + bad.stderr
+    )
+    alone = pdm("validate", "seed=1", project=project)
+    assert alone.returncode == 2 and "name at least one" in alone.stdout + alone.stderr

@@ -4,7 +4,8 @@ how it ended.
 ``SweepSession.open`` is the head every launch kind shares, made once: the tracking store
 resolved and opened (a bad store stops the sweep here, before anything launches), the sweep's
 experiment ensured and described, the provenance tags read. ``todo`` is skip-finished: the trials
-without a FINISHED run (by trial hash), read once per invocation. A launcher
+without a FINISHED run (by trial hash), read once per invocation, after those FINISHED in another
+sweep were linked into this one (reuse across sweeps, ``tracking/reuse.py``). A launcher
 (``launcher.Launcher``) runs them; ``settle`` then reads their final states from MLflow into a
 ``SweepOutcome``, which the runner's tail prints and returns, and which the library hands its
 caller (``pdmask.run_sweep``).
@@ -38,7 +39,7 @@ from pdmask.tracking import (
     runs_by_hash,
     sanitize_metric,
 )
-from pdmask.tracking.reuse import Source, drop_broken_links, finished_elsewhere
+from pdmask.tracking.reuse import Source, drop_broken_links, finished_elsewhere, link
 from pdmask.tracking.runs import FAILURE_KIND_TAG, FailureKind
 
 Held = TypeVar("Held")
@@ -207,8 +208,9 @@ class SweepSession:
 
     # ---------------------------------------------------------------- skip-finished
     def todo(self) -> Todo:
-        """The trials without a FINISHED run (by trial hash), in order; a search's budget less
-        the points it finished. Opens the session's gate on the same read of the runs: which of
+        """The trials without a FINISHED run (by trial hash), in order, once those FINISHED in
+        another sweep are linked (``_link_reusable``); a search's budget less the points it
+        finished. Opens the session's gate on the same read of the runs: which of
         them may start when (``canary.py``; a search's points are each a setting of their own,
         its gate holds none back)."""
         by_hash = runs_by_hash(self.client, self.experiment_id)
@@ -238,17 +240,21 @@ class SweepSession:
         experiment (``tracking/reuse.py``), under its claim: one another invocation trains or
         links right now is left to it. The hashes linked."""
         from pdmask.orchestration.claims import Claim
-        from pdmask.tracking.reuse import link
         from pdmask.tracking.runs import find_trial_runs
 
         linked = set()
         sources = reusable(self.client, self.experiment_id, trials, self.headline())
+        if sources:  # a copy of every metric's history each: seconds for a large grid
+            self.console.print(
+                f"linking {len(sources)} trial(s) FINISHED in other sweeps (not trained again)…"
+            )
+        # the source's provenance stays; the link records this invocation's overrides
+        tags = {k: v for k, v in self.tags.items() if k == OVERRIDES_TAG}
         for h, source in sources.items():
             with Claim(h, wait=0, holder=self.experiment_id) as ours:
                 runs = find_trial_runs(self.client, self.experiment_id, h) if ours else []
                 if not ours or any(r.info.status == "FINISHED" for r in runs):
                     continue
-                tags = overrides_tag(self.options.overrides)  # the source's provenance stays
                 link(self.client, source, self.experiment_id, self.sweep.name, tags)
                 linked.add(h)
         return linked
