@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from pdmask.orchestration.options import SweepOptions
 from pdmask.registry import Registry, Trial, load_registry
+from pdmask.registry.cli_overrides import with_overrides
 
 if TYPE_CHECKING:
     from pdmask.orchestration.session import BestTrial, SweepOutcome
@@ -109,7 +110,7 @@ def run_sweep(sweep: str, options: SweepOptions | None = None) -> SweepResult:
     from pdmask.tracking import resolve_tracking_uri
 
     options = options or SweepOptions()
-    reg = load_registry()
+    reg = with_overrides(load_registry(), sweep, options.overrides)
     trials = plan(reg, sweep, options)
     planned = reg.sweep(sweep)
     outcome = run_trials(reg, planned, trials, options)

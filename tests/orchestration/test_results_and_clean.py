@@ -252,3 +252,86 @@ def test_clean_keeps_what_a_live_process_uses_and_what_just_changed(project):
     finally:
         ray_like.kill()
         ray_like.wait()
+
+
+def _history(client, run) -> dict[str, list[tuple]]:
+    run_id = run.info.run_id
+    return {
+        key: sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key))
+        for key in run.data.metrics
+    }
+
+
+def test_overrides_under_another_name_or_the_same_train_only_the_new_seed(project, monkeypatch):
+    """Issue 47's acceptance at the smallest scale: after the finished `smoke`, its copy under
+    another name with `method=pdm-agg seed=[0,1]` trains only seed 1 and links seed 0 (its
+    whole history); `smoke` itself with the same overrides then trains nothing (seed 0 is its
+    own, seed 1 is linked back), and a rerun links nothing twice. Last in the module: the other
+    tests count the store's runs and checkpoints."""
+    from pdmask.tracking.reuse import REUSED_FROM_RUN, REUSED_FROM_SWEEP
+
+    smoke = (project / "sweeps" / "smoke.yaml").read_text()
+    (project / "sweeps" / "smoke-again.yaml").write_text(
+        smoke.replace("name: smoke", "name: smoke-again")
+    )
+    words = ("method=pdm-agg", "seed=[0,1]")
+    from typer.testing import CliRunner
+
+    from pdmask.cli import app
+
+    env = {
+        "PDM_PROJECT": str(project),
+        "PDM_HOME": str(project / ".pdm"),
+        "MLFLOW_TRACKING_URI": None,
+    }
+    plan = CliRunner().invoke(app, ["sweep", "smoke-again", *words, "--dry-run", "--json"], env=env)
+    assert plan.exit_code == 0, plan.output  # in this process: a dry run reads, writes nothing
+    data = json.loads(plan.stdout)
+    assert data["overrides"] == "method=pdm-agg seed=[0, 1]"
+    status = {row["seed"]: row["status"] for row in data["trials"]}
+    assert status[0].startswith("reuse smoke/pdm-agg-") and status[1] == "todo", status
+    assert [o["canary"] for o in data["launch_order"]] == [True]  # seed 1 alone
+
+    out = pdm(project, "sweep", "smoke-again", *words, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "(method=pdm-agg seed=[0, 1]): 2 trials, 1 reused from other sweeps, 0 already " in (
+        out.stdout
+    )
+    rows = {
+        ln.rsplit(None, 1)[0].strip(): ln.split()[-1]
+        for ln in out.stdout.splitlines()
+        if ln.strip()
+    }
+    assert (
+        rows["finished now"] == "1"
+        and rows["reused from other sweeps (linked, not trained)"] == "1"
+    )
+    assert re.search(r"^\s*pdm-agg\s+2\s+\d", out.stdout, re.M), out.stdout  # both in the summary
+
+    client = store_client(project)
+    runs = client.search_runs([client.get_experiment_by_name("smoke-again").experiment_id])
+    assert sorted(r.data.tags["pdm.seed"] for r in runs) == ["0", "1"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert {r.data.tags["pdm.overrides"] for r in runs} == {"method=pdm-agg seed=[0, 1]"}
+    (linked,) = [r for r in runs if REUSED_FROM_RUN in r.data.tags]
+    source = client.get_run(linked.data.tags[REUSED_FROM_RUN])
+    assert linked.data.tags[REUSED_FROM_SWEEP] == "smoke" and linked.data.tags["pdm.seed"] == "0"
+    assert source.data.tags["pdm.trial_hash"] == linked.data.tags["pdm.trial_hash"]
+    assert (
+        _history(client, linked) == _history(client, source) and len(_history(client, source)) > 3
+    )
+
+    import pdmask
+
+    monkeypatch.setenv("PDM_PROJECT", str(project))
+    monkeypatch.setenv("PDM_HOME", str(project / ".pdm"))
+    frame = pdmask.runs("smoke-again", tracking_uri=f"sqlite:///{project / '.pdm' / 'mlflow.db'}")
+    assert sorted(frame["seed"].astype(int)) == [0, 1] and frame["headline_final"].notna().all()
+
+    same = pdm(project, "sweep", "smoke", *words)  # the trained seed 1 is linked back
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "2 trials, 1 reused from other sweeps, 1 already finished, 0 to run" in same.stdout
+    again = pdm(project, "sweep", "smoke-again", *words)
+    assert again.returncode == 0 and "2 already finished, 0 to run" in again.stdout, again.stdout
+    runs = client.search_runs([client.get_experiment_by_name("smoke-again").experiment_id])
+    assert len(runs) == 2  # nothing linked twice

@@ -40,6 +40,17 @@ def sweep(
             autocompletion=_choices.complete_sweep,
         ),
     ],
+    overrides: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="KEY=VALUE",
+            help="Overrides, validated like the sweep file: an axis filter (`precision=bf16`, "
+            "`method=pdm-agg`), the seeds (`seed=[0,1,2,3]`; `seed=1` keeps one), a "
+            "setting (`profile=full`, `steps=100`). Values are YAML. Trials already FINISHED in "
+            "any sweep are reused, not trained again.",
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -98,13 +109,15 @@ def sweep(
     """Run every unfinished trial of a sweep (or --dry-run to print the plan).
 
     Runs every trial of sweeps/NAME.yaml that has no FINISHED run yet, then builds its figures.
+    A trial FINISHED in another sweep (the same trial hash) is linked into this one, not trained.
+    KEY=VALUE overrides filter, reseed or reset the sweep, e.g.
+    `pdm sweep main-figure precision=bf16 seed=[0,1,2,3]`.
     Interrupt with Ctrl-C at any time; running it again resumes.
     """
     from pdmask.orchestration.options import SweepOptions
 
-    options = SweepOptions(
-        **{k: v for k, v in ctx.params.items() if k in SweepOptions.model_fields}
-    )
+    params = {**ctx.params, "overrides": tuple(overrides or ())}
+    options = SweepOptions(**{k: v for k, v in params.items() if k in SweepOptions.model_fields})
     if dry_run:
         _print_plan(name, options, json)
         return
@@ -136,16 +149,34 @@ def _status_lookup(tracking_uri, sweep_name, claims: bool):
     return with_claims
 
 
-def _launch_order(sweep, trials, tracking_uri, eval_metrics) -> list[tuple]:
+def _reusable(tracking_uri, sweep, trials, status_of, eval_metrics) -> dict:
+    """The trials not done in this sweep that FINISHED in another one, by hash: the sweep links
+    them instead of training them (``SweepSession.todo``). Read only: a dry run writes nothing."""
+    from pdmask.orchestration.session import reusable
+    from pdmask.tracking.store import open_client, resolve_tracking_uri, sqlite_path
+
+    uri = resolve_tracking_uri(tracking_uri)
+    if sweep.search is not None or status_of is None:
+        return {}
+    if uri.startswith("sqlite:") and not sqlite_path(uri).exists():
+        return {}
+    client = open_client(uri)
+    exp = client.get_experiment_by_name(sweep.name)
+    left = [t for t in trials if status_of(t) != "done"]
+    return reusable(client, exp and exp.experiment_id, left, eval_metrics)
+
+
+def _launch_order(sweep, trials, tracking_uri, eval_metrics, reused) -> list[tuple]:
     """The unfinished trials in launch order, each with whether it is its setting's canary
-    (``orchestration/canary.py``), as the store says now; empty for a search."""
+    (``orchestration/canary.py``), as the store says now, less those ``reused`` from other
+    sweeps; empty for a search."""
     if sweep.search is not None:
         return []
     from pdmask.orchestration.canary import SettingGate
     from pdmask.tracking import TrialStatusIndex
 
     by_hash = TrialStatusIndex.open(tracking_uri, sweep.name, create=False).by_hash
-    done = TrialStatusIndex(by_hash).finished_hashes()
+    done = TrialStatusIndex(by_hash).finished_hashes() | set(reused)
     todo = [t for t in trials if t.trial_hash not in done]
     gate = SettingGate.of(trials, todo, by_hash, lambda: by_hash, eval_metrics, print)
     return [(t, gate.is_canary(t)) for t in gate.order]
@@ -155,10 +186,11 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     from pdmask.api import plan
     from pdmask.console import console, print_json, table
     from pdmask.registry import CLUSTERS, load_registry, plan_rows
+    from pdmask.registry.cli_overrides import OVERRIDES_TAG, overrides_tag, with_overrides
     from pdmask.registry.plan import TABLE_ROWS, concurrent_trials, disk_need, grouped_rows
     from pdmask.tracking.store import redact
 
-    reg = load_registry()
+    reg = with_overrides(load_registry(), name, options.overrides)
     trials = plan(reg, name, options)
     sweep = reg.sweep(name)
     cluster = options.cluster or sweep.cluster
@@ -179,12 +211,26 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     from pdmask.orchestration.trial_prices import costs_of
 
     workloads, measured = costs_of(specs, trials, options.tracking_uri)
+    metrics = backend.eval_metrics(cluster)
+    reused = _reusable(options.tracking_uri, sweep, trials, status_of, metrics)
+    if reused:  # the plan says where each comes from: "reuse <sweep>/<run>"
+
+        def status_of(trial, own=status_of):
+            source = reused.get(trial.trial_hash)
+            return own(trial) if source is None else f"reuse {source.label}"
+
     rows = plan_rows(trials, cluster, status_of, workloads, measured)
     disk = disk_need(rows, cluster)
     left_out = reg.left_out(name, backend=options.backend)
-    order = _launch_order(sweep, trials, options.tracking_uri, backend.eval_metrics(cluster))
+    order = _launch_order(sweep, trials, options.tracking_uri, metrics, reused)
+    overrides = overrides_tag(options.overrides).get(OVERRIDES_TAG)
     if as_json:
         data = {"sweep": sweep.name, "cluster": cluster, "trials": [r.model_dump() for r in rows]}
+        data["overrides"] = overrides or ""
+        data["reused"] = {
+            h: {"sweep": source.sweep, "run_id": source.run.info.run_id, "label": source.label}
+            for h, source in reused.items()
+        }
         data["disk"] = disk.model_dump()
         data["cost_basis"] = COST_BASIS
         data["left_out"] = [
@@ -235,15 +281,23 @@ def _print_plan(name: str, options, as_json: bool) -> None:
     backend = rows[0].backend if rows else sweep.backend
     if len(rows) > TABLE_ROWS:  # one line per setting (`--json` lists every trial)
         cols = ["method", "model", "precision", "delta", "trials", "seeds", "GPU-h", "status"]
-        body = grouped_rows(rows)
+        # a setting's reused trials are one line per source sweep, not one per source run
+        body = grouped_rows([r.model_copy(update={"status": _by_sweep(r.status)}) for r in rows])
+    given = f" ({overrides})" if overrides else ""
     out.print(
         table(
-            f"sweep {sweep.name}: {len(rows)} trials on backend {backend} "
+            f"sweep {sweep.name}{given}: {len(rows)} trials on backend {backend} "
             f"(GPU-h: estimate on {cluster})",
             cols,
             body,
-        )
+        ),
     )
+    if reused:
+        done = sum(r.status == "done" for r in rows)
+        out.print(
+            f"{len(reused)} trial(s) reused from other sweeps (linked, not trained), {done} "
+            f"already finished here, {len(rows) - len(reused) - done} to train"
+        )
     total = sum(r.est_gpu_hours for r in rows)
     fit = concurrent_trials(rows, cluster)
     out.print(
@@ -270,6 +324,11 @@ def _print_plan(name: str, options, as_json: bool) -> None:
             for part in ("engine", "training", "checkpoints"):  # what a backend's spec adds
                 if part in spec:
                     out.print(f"  {part}: {spec[part]}", markup=False)
+
+
+def _by_sweep(status: str) -> str:
+    """``reuse <sweep>/<run>`` as ``reuse <sweep>``; any other status as it is."""
+    return status.rpartition("/")[0] if status.startswith("reuse ") else status
 
 
 COST_BASIS = (

@@ -19,8 +19,9 @@ def validate(
     sweeps: Annotated[
         list[str] | None,
         typer.Argument(
-            metavar="SWEEP...",
-            help="Sweeps to expand (default: all).",
+            metavar="SWEEP|KEY=VALUE",
+            help="Sweeps to expand (default: all), and overrides applied to each of them as "
+            "`pdm sweep NAME KEY=VALUE` applies them (e.g. `main-figure precision=bf16`).",
             autocompletion=_choices.complete_sweep,
             show_default=False,
         ),
@@ -28,11 +29,20 @@ def validate(
 ) -> None:
     """Validate recipes and sweeps; report every problem at once (exit 2)."""
     from pdmask.console import console
+    from pdmask.errors import Problem, ValidationFailed
     from pdmask.orchestration.preflight import validate_sweeps
     from pdmask.registry import load_registry
+    from pdmask.registry.cli_overrides import COMMAND_LINE, with_overrides
 
+    names = [word for word in sweeps or [] if "=" not in word]
+    overrides = [word for word in sweeps or [] if "=" in word]
+    if overrides and not names:
+        problem = "overrides apply to the sweeps named before them: name at least one"
+        raise ValidationFailed([Problem(COMMAND_LINE, " ".join(overrides), problem)])
     reg = load_registry()
-    counts = validate_sweeps(reg, sweeps or None)
+    for name in names:
+        reg = with_overrides(reg, name, overrides)
+    counts = validate_sweeps(reg, names or None)
     out = console()
     out.print(f"{len(reg.recipes)} recipes, {len(reg.sweeps)} sweeps: all valid")
     for name, n in counts.items():

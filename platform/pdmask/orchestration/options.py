@@ -19,6 +19,12 @@ class SweepOptions(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    overrides: tuple[str, ...] = Field(
+        (),
+        description="The command line's `key=value` overrides of the sweep "
+        "(`registry/cli_overrides.py`): settings (`profile=full`), seeds (`seed=[0,1,2,3]`), "
+        "axis filters (`precision=bf16`).",
+    )
     backend: str | None = Field(
         None, description="Training backend for every trial; None = the sweep's own."
     )
@@ -69,10 +75,10 @@ class SweepOptions(BaseModel):
         again to resume), passwords in a tracking URI replaced."""
         from pdmask.tracking.store import redact
 
-        words = ["pdm", "sweep", sweep]
+        words = ["pdm", "sweep", sweep, *self.overrides]
         for name, field in type(self).model_fields.items():
             value = getattr(self, name)
-            if value == field.default:
+            if value == field.default or name == "overrides":
                 continue
             flag = "--" + name.replace("_", "-")
             if isinstance(value, bool):

@@ -4,7 +4,8 @@ how it ended.
 ``SweepSession.open`` is the head every launch kind shares, made once: the tracking store
 resolved and opened (a bad store stops the sweep here, before anything launches), the sweep's
 experiment ensured and described, the provenance tags read. ``todo`` is skip-finished: the trials
-without a FINISHED run (by trial hash), read once per invocation. A launcher
+without a FINISHED run (by trial hash), read once per invocation, after those FINISHED in another
+sweep were linked into this one (reuse across sweeps, ``tracking/reuse.py``). A launcher
 (``launcher.Launcher``) runs them; ``settle`` then reads their final states from MLflow into a
 ``SweepOutcome``, which the runner's tail prints and returns, and which the library hands its
 caller (``pdmask.run_sweep``).
@@ -28,6 +29,7 @@ from pdmask.orchestration.options import SweepOptions
 from pdmask.orchestration.summary import SettingResult, TrialFailure
 from pdmask.registry import Registry, Sweep, Trial
 from pdmask.registry.backends import BackendSpec, backend_spec
+from pdmask.registry.cli_overrides import OVERRIDES_TAG, overrides_tag
 from pdmask.tracking import (
     TrialStatusIndex,
     ensure_experiment,
@@ -37,6 +39,7 @@ from pdmask.tracking import (
     runs_by_hash,
     sanitize_metric,
 )
+from pdmask.tracking.reuse import Source, drop_broken_links, finished_elsewhere, link
 from pdmask.tracking.runs import FAILURE_KIND_TAG, FailureKind
 
 Held = TypeVar("Held")
@@ -81,6 +84,7 @@ class SweepOutcome:
     # settings a deterministic failure stopped (``canary.py``), and their trials never started
     stopped: list[StoppedSetting] = field(default_factory=list)
     not_started: int = 0
+    reused: int = 0  # linked by it from another sweep's FINISHED run, not trained (reuse.py)
 
     @property
     def exit_code(self) -> int:
@@ -105,6 +109,8 @@ class Todo:
     count: int  # trials this invocation runs (a search: its budget left)
     total: int  # trials of the sweep (a search: its budget)
     finished: frozenset[str]  # hashes of the trials with a FINISHED run
+    # of those, the trials linked now from another sweep's FINISHED run (``tracking/reuse.py``)
+    reused: frozenset[str] = frozenset()
 
     @property
     def skipped(self) -> int:
@@ -155,7 +161,7 @@ class SweepSession:
             client=client,
             uri=uri,
             experiment_id=ensure_experiment(client, sweep.name, sweep.description),
-            tags=provenance_tags(reg.root),
+            tags={**provenance_tags(reg.root), **overrides_tag(options.overrides)},
             console=console,
             interrupts=interrupts,
             started=time.monotonic() if started is None else started,
@@ -204,16 +210,22 @@ class SweepSession:
 
     # ---------------------------------------------------------------- skip-finished
     def todo(self) -> Todo:
-        """The trials without a FINISHED run (by trial hash), in order; a search's budget less
-        the points it finished. Opens the session's gate on the same read of the runs: which of
+        """The trials without a FINISHED run (by trial hash), in order, once those FINISHED in
+        another sweep are linked (``_link_reusable``); a search's budget less the points it
+        finished. Opens the session's gate on the same read of the runs: which of
         them may start when (``canary.py``; a search's points are each a setting of their own,
         its gate holds none back)."""
         by_hash = runs_by_hash(self.client, self.experiment_id)
+        drop_broken_links(self.client, by_hash)
         done = TrialStatusIndex(by_hash).finished_hashes()
         search = self.sweep.search
         if search is not None:
             left = max(search.budget - len(done), 0)
             return Todo(self.trials[:1] if left else [], left, search.budget, frozenset(done))
+        reused = self._link_reusable([t for t in self.trials if t.trial_hash not in done])
+        if reused:
+            by_hash = runs_by_hash(self.client, self.experiment_id)
+            done = TrialStatusIndex(by_hash).finished_hashes()
         todo = [t for t in self.trials if t.trial_hash not in done]
         self.gate = SettingGate.of(
             self.trials,
@@ -223,14 +235,41 @@ class SweepSession:
             self.headline(),
             self.console.print,
         )
-        return Todo(todo, len(todo), len(self.trials), frozenset(done))
+        return Todo(todo, len(todo), len(self.trials), frozenset(done), frozenset(reused))
+
+    def _link_reusable(self, trials: list[Trial]) -> set[str]:
+        """Link each of ``trials`` that FINISHED, complete, in another sweep into this sweep's
+        experiment (``tracking/reuse.py``), under its claim: one another invocation trains or
+        links right now is left to it. The hashes linked."""
+        from pdmask.orchestration.claims import Claim
+        from pdmask.tracking.runs import find_trial_runs
+
+        linked = set()
+        sources = reusable(self.client, self.experiment_id, trials, self.headline())
+        if sources:  # a copy of every metric's history each: seconds for a large grid
+            self.console.print(
+                f"linking {len(sources)} trial(s) FINISHED in other sweeps (not trained again)…"
+            )
+        # the source's provenance stays; the link records this invocation's overrides
+        tags = {k: v for k, v in self.tags.items() if k == OVERRIDES_TAG}
+        for h, source in sources.items():
+            with Claim(h, wait=0, holder=self.experiment_id) as ours:
+                runs = find_trial_runs(self.client, self.experiment_id, h) if ours else []
+                if not ours or any(r.info.status == "FINISHED" for r in runs):
+                    continue
+                link(self.client, source, self.experiment_id, self.sweep.name, tags)
+                linked.add(h)
+        return linked
 
     def start_line(self, todo: Todo) -> str:
         """The one line that says what this invocation runs."""
         from pdmask.tracking.store import redact
 
+        overrides = self.tags.get(OVERRIDES_TAG)
+        reused = f"{len(todo.reused)} reused from other sweeps, " if todo.reused else ""
         return (
-            f"sweep {self.sweep.name}: {todo.total} trials, {todo.skipped} already finished, "
+            f"sweep {self.sweep.name}{f' ({overrides})' if overrides else ''}: {todo.total} "
+            f"trials, {reused}{todo.skipped - len(todo.reused)} already finished, "
             f"{todo.count} to run (tracking: {redact(self.uri)})"
         )
 
@@ -239,11 +278,12 @@ class SweepSession:
         """The outcome of an invocation that launched nothing: its finished trials, read."""
         by_hash = runs_by_hash(self.client, self.experiment_id)
         runs = [r for h in todo.finished for r in by_hash.get(h, []) if r.info.status == "FINISHED"]
-        outcome = SweepOutcome(0, 0, todo.skipped, 0, best=self.best())
+        skipped = todo.skipped - len(todo.reused)
+        outcome = SweepOutcome(0, 0, skipped, 0, best=self.best(), reused=len(todo.reused))
         return self._concluded(outcome, runs)
 
     def settle(
-        self, skipped: int, detached: set[str] | frozenset[str] = frozenset()
+        self, skipped: int, detached: set[str] | frozenset[str] = frozenset(), reused: int = 0
     ) -> SweepOutcome:
         """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable),
         but those of the trials in ``detached`` (their Ray jobs run on: the same command
@@ -252,6 +292,8 @@ class SweepSession:
         A trial not FINISHED in the snapshot is re-read under its claim: another invocation may be
         finishing it right now, and its state must never be overwritten from a stale snapshot.
         The trials a stopped setting kept from starting (``gate``) are counted apart.
+        ``skipped``: the trials FINISHED before the launch; ``reused``: how many of them this
+        invocation linked from other sweeps (``Todo.reused``), counted apart.
         """
         from pdmask.orchestration.claims import Claim
         from pdmask.tracking.runs import find_trial_runs, with_retry
@@ -300,7 +342,7 @@ class SweepSession:
         outcome = SweepOutcome(
             finished - skipped,
             failed,
-            skipped,
+            skipped - reused,
             interrupted,
             elsewhere=elsewhere,
             best=self.best(),
@@ -309,6 +351,7 @@ class SweepSession:
             detached=running_on,
             stopped=self.gate.stopped_settings(),
             not_started=len(not_started),
+            reused=reused,
         )
         return self._concluded(outcome, read)
 
@@ -353,3 +396,22 @@ def concluded(
     outcome.failures = failures(runs)
     outcome.wall_s = None if started is None else time.monotonic() - started
     return outcome
+
+
+def reusable(
+    client, experiment_id: str | None, trials: list[Trial], eval_metrics: list[str]
+) -> dict[str, Source]:
+    """Each of ``trials`` with a FINISHED run in another sweep's experiment that is complete as
+    this trial's plan says (``completeness.gap``: planned steps and validations on
+    ``eval_metrics``), by trial hash: what the invocation links instead of training, and what
+    the plan shows as "reuse"."""
+    from pdmask.backends.interface import planned_steps
+    from pdmask.tracking.completeness import Plan, gap
+
+    by_hash = {t.trial_hash: t for t in trials}
+
+    def complete(h: str, run) -> bool:
+        plan = Plan.of(planned_steps(by_hash[h]), eval_metrics)
+        return gap(client, run.info.run_id, plan) is None
+
+    return finished_elsewhere(client, experiment_id, by_hash, complete)

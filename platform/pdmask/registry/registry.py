@@ -63,6 +63,9 @@ class Registry:
     # Sweep files with problems, by name: what could be salvaged (None if nothing) and the
     # source, so their grid's problems are reported together with the file's own.
     broken_sweeps: dict[str, tuple[Sweep | None, YamlSource | None]] = field(default_factory=dict)
+    # What is wrong in the command line's overrides (``cli_overrides.with_overrides``): reported
+    # by the expansion together with the sweep's own problems.
+    command_line_problems: list[Problem] = field(default_factory=list)
 
     @property
     def problems(self) -> list[Problem]:
@@ -107,8 +110,9 @@ class Registry:
         matched = [False] * len(sweep.overrides)
         out: dict[str, LeftOut] = {}
         for cell in iter_cells(sweep.grid, ("grid",), [], self.sweep_sources[name]):
-            reason = left_out_reason(self._apply_overrides(sweep, cell, matched), spec)
-            if reason is None:
+            cell = self.apply_overrides(sweep, cell, matched)
+            reason = left_out_reason(cell, spec)
+            if reason is None or not sweep.selects(cell):
                 continue
             entry = out.setdefault(reason, LeftOut(0, []))
             entry.trials += seeds
@@ -137,10 +141,12 @@ class Registry:
         if name in self.broken_sweeps:
             sweep, src = self.broken_sweeps[name]
             if sweep is None or src is None:
-                raise ValidationFailed([*self.recipe_problems, *self._file_problems(name)])
+                raise ValidationFailed(
+                    [*self.recipe_problems, *self._file_problems(name), *self.command_line_problems]
+                )
         else:
             sweep, src = self.sweep(name), self.sweep_sources[name]
-        problems = [*self.recipe_problems, *self._file_problems(name)]
+        problems = [*self.recipe_problems, *self._file_problems(name), *self.command_line_problems]
         backend = backend or sweep.backend
         profile_flag = profile is not None
         profile = profile or sweep.profile
@@ -193,7 +199,9 @@ class Registry:
         seeds = sweep.seed_list()
         trials: dict[str, Trial] = {}
         for cell in cells:
-            cell = self._apply_overrides(sweep, cell, matched)
+            cell = self.apply_overrides(sweep, cell, matched)
+            if not sweep.selects(cell):  # a command-line filter leaves it out
+                continue
             for seed in seeds:
                 trial = self._resolve(sweep, cell, seed, BACKENDS[backend], profile, src, problems)
                 if trial is not None:
@@ -212,7 +220,7 @@ class Registry:
         return list(trials.values())
 
     @staticmethod
-    def _apply_overrides(sweep: Sweep, cell: Cell, matched: list[bool]) -> Cell:
+    def apply_overrides(sweep: Sweep, cell: Cell, matched: list[bool]) -> Cell:
         """The cell with every matching override applied; ``matched[i]`` turns True when
         override ``i`` matches (one that never does is reported)."""
         out = dict(cell)

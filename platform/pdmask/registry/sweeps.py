@@ -34,7 +34,7 @@ from pydantic import (
     model_validator,
 )
 
-from pdmask.errors import Problem, validation_problems
+from pdmask.errors import Problem, known_names
 from pdmask.registry.backends import BACKENDS, DEFAULT_BACKEND
 from pdmask.registry.sim_knobs import AXIS_PREFIX as SIM_AXIS_PREFIX
 from pdmask.registry.yaml_source import FieldPath, YamlSource, load_yaml
@@ -240,6 +240,21 @@ class Sweep(BaseModel):
     # lost some (see _salvage), and problems must still point at the right ones.
     _override_positions: list[int] | None = PrivateAttr(None)
 
+    # The command line's axis filters (``registry/cli_overrides.py``): axis -> the values kept.
+    # They select cells and change nothing in them, so no trial's hash depends on them.
+    _selection: dict[str, list[Any]] = PrivateAttr(default_factory=dict)
+
+    def selects(self, cell: Cell) -> bool:
+        """Whether ``cell`` (per-cell overrides applied) passes the command line's filters: a
+        cell without a filtered axis does not."""
+        return all(
+            axis in cell and cell[axis][0] in values for axis, values in self._selection.items()
+        )
+
+    def select(self, axis: str, values: list[Any]) -> None:
+        """Keep only the cells whose ``axis`` has one of ``values`` (a command-line filter)."""
+        self._selection[axis] = list(values)
+
     def seed_list(self) -> list[int]:
         return list(range(self.seeds)) if isinstance(self.seeds, int) else list(self.seeds)
 
@@ -421,16 +436,33 @@ def load_sweep_file(path: Path) -> tuple[Sweep | None, YamlSource | None, list[P
     src, problems = load_yaml(path)
     if src is None:
         return None, None, problems
+    sweep, found = sweep_of(src, path.stem)
+    return sweep, src, [*problems, *found]
+
+
+def sweep_of(src: YamlSource, stem: str) -> tuple[Sweep | None, list[Problem]]:
+    """The sweep of a parsed source named ``stem`` and its schema's problems, each made by
+    ``src.problem`` (a file's line; an override's words for a value the command line set)."""
     if not isinstance(src.data, dict):
-        return None, src, [*problems, src.problem((), "a sweep file must be a mapping")]
+        return None, [src.problem((), "a sweep file must be a mapping")]
+    problems: list[Problem] = []
     try:
         sweep = Sweep.model_validate(src.data)
     except ValidationError as err:
-        problems += validation_problems(err, str(path), line_of=src.line, whole="(file)")
-        sweep = _salvage(src.data, err, path.stem)
-    if sweep is not None and sweep.name != path.stem:
-        problems.append(src.problem(("name",), f"must match the file name {path.stem!r}"))
-    return sweep, src, problems
+        problems += [src.problem(tuple(e["loc"]), _schema_message(e)) for e in err.errors()]
+        sweep = _salvage(src.data, err, stem)
+    if sweep is not None and sweep.name != stem:
+        problems.append(src.problem(("name",), f"must match the file name {stem!r}"))
+    return sweep, problems
+
+
+def _schema_message(error: dict[str, Any]) -> str:
+    """A schema error in words: an unknown top-level field with the fields meant (pydantic says
+    only "Extra inputs are not permitted")."""
+    loc = error["loc"]
+    if error["type"] == "extra_forbidden" and len(loc) == 1:
+        return f"unknown field {loc[0]!r}; {known_names(loc[0], Sweep.model_fields)}"
+    return error["msg"].removeprefix("Value error, ")  # pydantic's prefix for a ValueError
 
 
 def discover_sweeps(
