@@ -1,6 +1,9 @@
 """`pdm ui [SWEEP]`: the MLflow UI on 127.0.0.1 over the project's store; Ctrl-C stops it.
 
-It prints the link to each sweep's runs table. The server and its helpers stop with the command,
+It prints the link to each sweep's runs table and, under it, one link per setting of the sweep
+(model x precision x delta) to its comparison view (``tracking/comparison_view.py``): that
+setting's runs grouped by method, the headline metric's chart first with each method's band. The
+server and its helpers stop with the command,
 whether it is stopped by Ctrl-C, SIGTERM or SIGKILL.
 """
 
@@ -55,6 +58,7 @@ def ui(
     """Serve the MLflow UI on 127.0.0.1 over the project's runs."""
     from pdmask.errors import ConfigError
     from pdmask.loopback import LOOPBACK_HOSTS
+    from pdmask.tracking.comparison_view import comparison_links
     from pdmask.tracking.store import open_client, resolve_tracking_uri
     from pdmask.tracking.ui import runs_table_url, server_log, start_ui, stop_ui
 
@@ -85,6 +89,8 @@ def ui(
         print(f"MLflow UI: {url}   (Ctrl-C to stop)", flush=True)
         for exp in sorted(experiments, key=lambda e: e.name):
             print(f"  {exp.name}: {runs_table_url(url, exp.experiment_id)}", flush=True)
+            for name, link in comparison_links(client, url, exp.experiment_id):
+                print(f"    {name}, by method: {link}", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
         print(
