@@ -45,6 +45,16 @@ def is_headline(name: str) -> bool:
     )
 
 
+_CORE_ACCURACY = re.compile(r"^val-core/[^/]+/acc/mean_at_\d+$")
+
+
+def is_core_accuracy(name: str) -> bool:
+    """Whether a stored metric name is verl's core validation accuracy of a dataset,
+    ``val-core/<dataset>/acc/mean@<n>`` at the job's sample count: its headline metric, whatever
+    its n (16 for the paper, 2 on the tiny CPU profile; verl files the other n under val-aux)."""
+    return bool(_CORE_ACCURACY.match(name))
+
+
 # Training diagnostics every backend logs under one name (design.md's metrics contract)
 MASKED_SHARE = "actor/pdm/masked_frac"  # share of the step's tokens the mask zeroed
 ENTROPY = "actor/entropy"  # mean token entropy of the policy (verl's name)
