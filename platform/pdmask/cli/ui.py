@@ -56,6 +56,8 @@ def ui(
     state_dir: StateDir = None,
 ) -> None:
     """Serve the MLflow UI on 127.0.0.1 over the project's runs."""
+    from mlflow.exceptions import MlflowException
+
     from pdmask.errors import ConfigError
     from pdmask.loopback import LOOPBACK_HOSTS
     from pdmask.tracking.comparison_view import comparison_links
@@ -89,7 +91,12 @@ def ui(
         print(f"MLflow UI: {url}   (Ctrl-C to stop)", flush=True)
         for exp in sorted(experiments, key=lambda e: e.name):
             print(f"  {exp.name}: {runs_table_url(url, exp.experiment_id)}", flush=True)
-            for name, link in comparison_links(client, url, exp.experiment_id):
+            try:
+                links = comparison_links(client, url, exp.experiment_id)
+            except MlflowException as err:  # a store that takes no tags: the table is still there
+                print(f"    (no comparison views: {err.message})", file=sys.stderr, flush=True)
+                links = []
+            for name, link in links:
                 print(f"    {name}, by method: {link}", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
