@@ -3,10 +3,11 @@
 A setting is a model x precision x delta of the sweep (a method without a delta, GRPO, belongs
 to every delta of its model x precision, as in the figures). Its view, in MLflow's experiment
 page, shows only that setting's runs, grouped by the method as tables show it
-(``pdm.method_label``: an lr = 0 control says so), its chart view opening on the headline
-metric's chart first, where each group is drawn as its mean with its min-max band; the table has
-the headline first (MLflow rounds it to three decimals), then the method label in a column wide
-enough for the longest label, so a control never reads as a plain run of its method.
+(``pdm.method_label``: an lr = 0 control says so). The link opens its chart view: the headline
+metric's chart first, as wide as the page, each group drawn as its mean with its min-max band
+and named whole in the legend. Its table view (one click) has the headline first, then the
+method label in a column wide enough for the longest label, so a control never reads as a plain
+run of its method. (MLflow shows a table's values as logged: no state rounds them.)
 
 Why MLflow's *shared view state*: the experiment page reads only its search facets (filter,
 order) and its chart/table mode from the URL; grouping, columns, widths and charts live in its
@@ -28,7 +29,7 @@ import json
 from dataclasses import dataclass
 from urllib.parse import quote
 
-from pdmask.tracking.metric_names import is_headline
+from pdmask.tracking.metric_names import is_core_accuracy
 
 SHARED_STATE_TAG = "mlflow.sharedViewState."  # + the key (MLflow's own prefix)
 SHARE_KEY_PARAM = "viewStateShareKey"
@@ -84,8 +85,9 @@ def settings_of(runs) -> list[Setting]:
 
 
 def headline_metrics(runs) -> list[str]:
-    """The headline metrics the runs logged, one per dataset, sorted."""
-    return sorted({m for run in runs for m in run.data.metrics if is_headline(m)})
+    """The headline metrics the runs logged, one per dataset, sorted (``mean_at_16``, or the
+    tiny VeRL profile's ``mean_at_2``)."""
+    return sorted({m for run in runs for m in run.data.metrics if is_core_accuracy(m)})
 
 
 def _label_px(runs) -> int:
