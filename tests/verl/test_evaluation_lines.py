@@ -60,3 +60,19 @@ def test_several_datasets_show_their_mean_and_an_unknown_total_the_step_alone(ca
     aime = {"val-core/aime24/acc/mean@16": 0.25, "val-core/aime25/acc/mean@16": 0.5}
     progress.EvaluationLines(total_steps=0).log(aime, step=50)
     assert capsys.readouterr().out == "step 50: avg@16 0.375\n"
+
+
+def test_pdmasks_trainer_adds_it_when_verl_starts_tracking(capsys):
+    """verl's trainer creates its ``Tracking`` in fit(); pdmask's trainer adds the lines at its
+    first hook (``_start_tracking``), before verl logs the validation before training."""
+    from omegaconf import OmegaConf
+
+    from pdmask.backends.verl.trainer import PDMTrainerSync
+
+    trainer = PDMTrainerSync.__new__(PDMTrainerSync)  # only what _start_tracking reads
+    trainer.config = OmegaConf.create({"trainer": {"logger": ["console"]}})  # no MLflow
+    trainer.logger = Tracking(project_name="p", experiment_name="e", default_backend=[])
+    trainer.total_training_steps = 3
+    trainer._start_tracking()
+    trainer.logger.log(data={CORE: 0.5}, step=0)
+    assert capsys.readouterr().out == "step 0/3: avg@2 0.500\n"
