@@ -1,5 +1,6 @@
-"""`pdm ui`: listens on loopback only, links each sweep's runs table and each setting's comparison
-view (checked in a real headless Chromium), and leaves no process behind whether it is stopped by SIGINT, SIGTERM or SIGKILL.
+"""`pdm ui`: listens on loopback only, links each sweep's runs table and each setting's
+comparison view (checked in a real headless Chromium), and leaves no process behind whether it is
+stopped by SIGINT, SIGTERM or SIGKILL.
 
 The browser test drives Debian's `chromium` with Playwright; without chromium it is skipped, unless
 PDM_REQUIRE_BROWSER is set (CI installs chromium and sets it, so there it fails instead)."""
@@ -294,6 +295,7 @@ def _check_comparison_view(page, link: str, trials, other_runs: list[str]) -> No
     while bands.count() < len(labels) and time.time() < deadline:
         page.wait_for_timeout(500)
     assert bands.count() >= len(labels), page.content()[-3000:]
+    assert not page.evaluate(_LEGEND_CUT, [labels, HEADLINE]), "a label is cut in the legend"
     _in_training_view(page)
     # the table view of the same state: the first of the view switch's radio buttons (drawn as
     # icons over the inputs, which a click on the input itself reaches)
@@ -309,6 +311,12 @@ def _check_comparison_view(page, link: str, trials, other_runs: list[str]) -> No
     assert not page.evaluate(_CUT, labels), "a label is cut"
 
 
+# The labels the headline chart's legend ("<label> (<metric>)") does not show whole; the runs
+# list beside it, hidden, holds them too, in a few pixels.
+_LEGEND_CUT = """([labels, metric]) => labels.filter(label => !Array.from(
+    document.querySelectorAll('span')).some(e => e.children.length === 0
+        && e.textContent === `${label} (${metric})`
+        && e.getBoundingClientRect().width > 100 && e.scrollWidth <= e.clientWidth))"""
 # The labels whose group name or method-label cell the table cuts (or does not show).
 _CUT = """labels => labels.filter(label => {
     const shown = Array.from(document.querySelectorAll('span[title], .ag-cell'))
