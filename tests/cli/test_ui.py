@@ -1,5 +1,6 @@
-"""`pdm ui`: listens on loopback only, links each sweep's runs table (checked in a real headless
-Chromium), and leaves no process behind whether it is stopped by SIGINT, SIGTERM or SIGKILL.
+"""`pdm ui`: listens on loopback only, links each sweep's runs table and each setting's
+comparison view (checked in a real headless Chromium), and leaves no process behind whether it is
+stopped by SIGINT, SIGTERM or SIGKILL.
 
 The browser test drives Debian's `chromium` with Playwright; without chromium it is skipped, unless
 PDM_REQUIRE_BROWSER is set (CI installs chromium and sets it, so there it fails instead)."""
@@ -17,9 +18,10 @@ import psutil
 import pytest
 
 from pdmask.registry import load_registry
+from pdmask.tracking.comparison_view import RUN_COLUMNS, settings_of
 from pdmask.tracking.store import DESCRIPTION_TAG, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 from pdmask.tracking.ui import runs_table_url
-from pdmask.tracking.ui_app import RUN_COLUMNS, TRAINING_WORKFLOW, WORKFLOW_KEY
+from pdmask.tracking.ui_app import TRAINING_WORKFLOW, WORKFLOW_KEY
 
 from .conftest import pdm_process
 
@@ -63,6 +65,28 @@ def store(project):
     return client, experiment_id, names
 
 
+PANEL = "4b-bf16"  # a setting of the main figure, added to the smoke experiment by `panel`
+CONTROL = "(lr = 0 mismatch control)"
+
+
+@pytest.fixture
+def panel(project, store):
+    """The store, plus the main figure's 4b-bf16 runs (seeds 0 and 1, the lr = 0 control among
+    them) in the smoke experiment: a second setting, whose view groups two runs a method."""
+    client, experiment_id, _ = store
+    trials = [
+        t for t in load_registry(project).expand("main-figure") if t.setting == PANEL and t.seed < 2
+    ]
+    for trial in trials:
+        run = client.create_run(experiment_id, run_name=trial.run_name(), tags=trial.tags())
+        for step in (0, 10):  # the seeds differ: each method's band has a width
+            value = 0.15 + 0.01 * trial.seed + (0 if CONTROL in trial.method_label() else step / 20)
+            client.log_metric(run.info.run_id, HEADLINE, value, step=step)
+            client.log_metric(run.info.run_id, OTHER_METRICS[1], 0.1, step=step)
+        client.set_terminated(run.info.run_id)
+    return store, trials
+
+
 def _start(
     project, *args: str, sigint_ignored: bool = False
 ) -> tuple[subprocess.Popen, str, list[str]]:
@@ -90,16 +114,20 @@ def _start(
             break
         seen.append(line)
         if line.startswith("MLflow UI:"):
-            links = [proc.stdout.readline().strip() for _ in range(_experiments(project))]
+            links = [proc.stdout.readline().strip() for _ in range(_link_lines(project, args))]
             return proc, line.split()[2], links
     proc.kill()
     raise AssertionError(f"pdm ui did not start:\n{''.join(seen)[-3000:]}")
 
 
-def _experiments(project) -> int:
+def _link_lines(project, args) -> int:
+    """The lines of links `pdm ui ARGS` prints: one per sweep and one per setting of each."""
     from pdmask.tracking import open_client
 
-    return sum(e.name != "Default" for e in open_client().search_experiments())
+    client = open_client()
+    shown = [e for e in client.search_experiments() if e.name != "Default"]
+    shown = [e for e in shown if not args or e.name in args]
+    return sum(1 + len(settings_of(client.search_runs([e.experiment_id]))) for e in shown)
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -185,13 +213,14 @@ def _in_training_view(page) -> None:
     CHROMIUM is None and not os.environ.get("PDM_REQUIRE_BROWSER"),
     reason="no chromium: `apt-get install chromium` (CI installs it)",
 )
-def test_ui_opens_the_runs_table_and_stays_on_training_runs(project, store, tmp_path):
-    """From `pdm ui`'s link through a click on a run and on Compare, in a real headless Chromium:
-    the runs table shows the sweep's columns, and no page flips into MLflow's GenAI view."""
+def test_ui_opens_the_runs_table_and_stays_on_training_runs(project, panel, tmp_path):
+    """From `pdm ui`'s links through a click on a run and on Compare, in a real headless Chromium:
+    the runs table shows the sweep's columns, a setting's comparison view shows that setting's
+    runs grouped by method with the headline first, and no page flips into MLflow's GenAI view."""
     from playwright.sync_api import sync_playwright
 
     assert CHROMIUM, "PDM_REQUIRE_BROWSER is set and no chromium is installed"
-    client, experiment_id, run_names = store
+    (client, experiment_id, run_names), panel_trials = panel
     experiment = client.get_experiment(experiment_id)
     assert experiment.tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
     assert experiment.tags[DESCRIPTION_TAG] == DESCRIPTION
@@ -200,7 +229,9 @@ def test_ui_opens_the_runs_table_and_stays_on_training_runs(project, store, tmp_
     try:
         _check_loopback_only(procs, url)
         link = runs_table_url(url, experiment_id)
-        assert links == [f"smoke: {link}"]
+        assert links[0] == f"smoke: {link}", links
+        compared = dict(line.split(", by method: ") for line in links[1:])
+        assert sorted(compared) == [f"{PANEL} delta 0.15", "4b-fp8-rollout delta 0.15"], links
         with sync_playwright() as pw:
             browser = _browser(pw)
             page = browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -234,12 +265,64 @@ def test_ui_opens_the_runs_table_and_stays_on_training_runs(project, store, tmp_
             page.locator(".ag-header-select-all .ag-checkbox-input-wrapper").first.click()
             page.get_by_role("button", name="Compare").first.click()
             page.wait_for_url("**/compare-runs?*")
-            assert not _shown(page, [f"Comparing {len(run_names)} Runs", *run_names])
+            runs = len(run_names) + len(panel_trials)
+            assert not _shown(page, [f"Comparing {runs} Runs", *run_names])
             _in_training_view(page)
             page.screenshot(path=tmp_path / "compare.png")
+
+            _check_comparison_view(page, compared[f"{PANEL} delta 0.15"], panel_trials, run_names)
+            page.screenshot(path=tmp_path / "comparison-table.png")
             browser.close()
     finally:
         _stop_and_check_nothing_left(proc, procs, signal.SIGINT)
+
+
+def _check_comparison_view(page, link: str, trials, other_runs: list[str]) -> None:
+    """The setting's link opens a Figure-1 panel: the headline's chart first with one line and
+    band per method, every label whole in its legend (the control's too); its table groups the
+    setting's runs (only those) by method label, the headline the first column."""
+    labels = sorted({t.method_label() for t in trials})
+    assert any(CONTROL in label for label in labels), labels
+    page.goto(link)
+    assert not _shown(page, ["Group by: pdm.method_label", HEADLINE, *labels]), page.url
+    text = page.locator("body").inner_text()
+    # the headline's chart section first (MLflow draws a section's charts when they scroll in)
+    other = f"\n{OTHER_METRICS[1].split('/')[0]}\n"
+    assert -1 < text.find(HEADLINE) < text.find(other), text[:3000]
+    # plotly draws a band as a filled path: one a group, each group's min-max over its seeds
+    bands = page.locator(".js-fill")
+    deadline = time.time() + 60  # drawn once the metric histories have loaded
+    while bands.count() < len(labels) and time.time() < deadline:
+        page.wait_for_timeout(500)
+    assert bands.count() >= len(labels), page.content()[-3000:]
+    assert not page.evaluate(_LEGEND_CUT, [labels, HEADLINE]), "a label is cut in the legend"
+    _in_training_view(page)
+    # the table view of the same state: the first of the view switch's radio buttons (drawn as
+    # icons over the inputs, which a click on the input itself reaches)
+    page.get_by_role("radio").first.evaluate("radio => radio.click()")
+    groups = [f"Group: {label}" for label in labels]
+    names = [t.run_name() for t in trials]
+    assert not _shown(page, [*groups, *names]), page.content()[-3000:]
+    assert not [n for n in other_runs if n in page.content()], "another setting's run is shown"
+    headers = page.locator("[role=columnheader]").all_inner_texts()
+    columns = [h for h in dict.fromkeys(headers) if h in (HEADLINE, *RUN_COLUMNS)]
+    # the headline, then the method label (the grid draws the columns that fit the window)
+    assert len(columns) >= 2 and columns == [HEADLINE, *RUN_COLUMNS][: len(columns)], headers
+    assert not page.evaluate(_CUT, labels), "a label is cut"
+
+
+# The labels the headline chart's legend ("<label> (<metric>)") does not show whole; the runs
+# list beside it, hidden, holds them too, in a few pixels.
+_LEGEND_CUT = """([labels, metric]) => labels.filter(label => !Array.from(
+    document.querySelectorAll('span')).some(e => e.children.length === 0
+        && e.textContent === `${label} (${metric})`
+        && e.getBoundingClientRect().width > 100 && e.scrollWidth <= e.clientWidth))"""
+# The labels whose group name or method-label cell the table cuts (or does not show).
+_CUT = """labels => labels.filter(label => {
+    const shown = Array.from(document.querySelectorAll('span[title], .ag-cell'))
+        .filter(e => e.getAttribute('title') === label || e.innerText === label);
+    return shown.length < 2 || shown.some(e => e.scrollWidth > e.clientWidth);
+})"""
 
 
 def test_a_busy_port_is_refused_before_any_server_starts(project, store):

@@ -143,6 +143,9 @@ def test_each_trial_trained_something_and_logged_every_step_once(smoke):
         assert val[0] == 0 and val[-1] == STEPS and val == sorted(set(val)), f"{name}: {val}"
         if method not in FAULTS:
             assert val == [0, STEPS], f"{name}: validation at {val}"
+        log = f"{run.data.tags['mlflow.runName']}.{run.data.tags['pdm.trial_hash'][:8]}.log"
+        text = (smoke["project"] / ".pdm" / "logs" / SWEEP / log).read_text()  # its trial log
+        assert re.search(rf"step {STEPS}/{STEPS}: avg@2 [01]\.\d{{3}}, masked ", text), name
         adv_max = [v for _, v in history(client, run, "critic/advantages/max")]
         adv_min = [v for _, v in history(client, run, "critic/advantages/min")]
         assert any(v > 0 for v in adv_max) and any(v < 0 for v in adv_min), (

@@ -1,6 +1,9 @@
 """`pdm ui [SWEEP]`: the MLflow UI on 127.0.0.1 over the project's store; Ctrl-C stops it.
 
-It prints the link to each sweep's runs table. The server and its helpers stop with the command,
+It prints the link to each sweep's runs table and, under it, one link per setting of the sweep
+(model x precision x delta) to its comparison view (``tracking/comparison_view.py``): that
+setting's runs grouped by method, the headline metric's chart first with each method's band. The
+server and its helpers stop with the command,
 whether it is stopped by Ctrl-C, SIGTERM or SIGKILL.
 """
 
@@ -53,8 +56,11 @@ def ui(
     state_dir: StateDir = None,
 ) -> None:
     """Serve the MLflow UI on 127.0.0.1 over the project's runs."""
+    from mlflow.exceptions import MlflowException
+
     from pdmask.errors import ConfigError
     from pdmask.loopback import LOOPBACK_HOSTS
+    from pdmask.tracking.comparison_view import comparison_links
     from pdmask.tracking.store import open_client, resolve_tracking_uri
     from pdmask.tracking.ui import runs_table_url, server_log, start_ui, stop_ui
 
@@ -85,6 +91,13 @@ def ui(
         print(f"MLflow UI: {url}   (Ctrl-C to stop)", flush=True)
         for exp in sorted(experiments, key=lambda e: e.name):
             print(f"  {exp.name}: {runs_table_url(url, exp.experiment_id)}", flush=True)
+            try:
+                links = comparison_links(client, url, exp.experiment_id)
+            except MlflowException as err:  # a store that takes no tags: the table is still there
+                print(f"    (no comparison views: {err.message})", file=sys.stderr, flush=True)
+                links = []
+            for name, link in links:
+                print(f"    {name}, by method: {link}", flush=True)
         while proc.poll() is None:
             time.sleep(0.5)
         print(

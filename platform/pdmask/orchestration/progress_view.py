@@ -13,7 +13,6 @@ did not fit, and the queued trials as one line, "queued: 33".
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from rich.console import Group
@@ -22,22 +21,14 @@ from rich.text import Text
 from pdmask.console import table
 from pdmask.orchestration.eta import DONE, FAILED, RUNNING, Row
 
+# the headline's column name; headline_label is report.py's too (its home: metric_names)
+from pdmask.tracking.metric_names import HEADLINE_LABEL, headline_label  # noqa: F401
+
 HEARTBEAT_S = 45.0  # off a terminal (and on the job loop), a line with the counts this often
-HEADLINE_LABEL = "avg@16"  # the headline metric's column (its name: the backend's eval_metrics)
-SAMPLES = re.compile(r"mean_at_(\d+)$")  # verl's mean@N, as MLflow names it
 # Lines of the view besides its rows: the header; the table's title, the blank line under it,
 # its column names and rule, its closing blank line; and one left free, so that the terminal
 # does not scroll the live display's first line away.
 FIXED_LINES = 7
-
-
-def headline_label(metrics: list[str]) -> str:
-    """``avg@N`` when every headline metric is a ``.../mean_at_N`` of one N (verl's names; the
-    tiny CPU profile samples 2), else ``HEADLINE_LABEL``."""
-    samples = {m.group(1) if (m := SAMPLES.search(name)) else None for name in metrics}
-    if len(samples) == 1 and None not in samples:
-        return f"avg@{samples.pop()}"
-    return HEADLINE_LABEL
 
 
 def duration(seconds: float) -> str:

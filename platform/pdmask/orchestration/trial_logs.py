@@ -12,8 +12,9 @@ killed, an end line. At the end of an attempt the file is logged as the run's ar
 ``logs/<file name>`` (``upload``), best effort. A VeRL Ray Job's driver log, fetched from the
 Jobs API when the job ends, is appended to the same file after its own header (``append``).
 
-Each evaluation of a Tune trial adds a line of training progress (``evaluation_line``: step,
-headline metric, masked share, entropy, step time), so that ``pdm logs -f`` shows it train.
+Each evaluation adds a line of training progress (``tracking/evaluation_line.py``: step,
+headline metric, masked share, entropy, step time), so that ``pdm logs -f`` shows it train: a Tune
+trial prints it as it reports, a VeRL job's trainer as verl logs a validation step.
 
 Each attempt's part of the file is capped (``max_attempt_bytes``, ``PDM_TRIAL_LOG_MAX_BYTES``):
 past the cap its first quarter and its last three quarters are kept and a line between them says
@@ -37,9 +38,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from pdmask.console import redact
-from pdmask.orchestration.progress_view import headline_label
 from pdmask.paths import logs_dir
-from pdmask.tracking.metric_names import ENTROPY, MASKED_SHARE
 
 ARTIFACT_DIR = "logs"  # the run's artifact: logs/<run name>.<hash>.log
 HEADER = "=== pdm trial log"
@@ -89,28 +88,6 @@ def header(
     return (
         f"{HEADER}: {run_name} attempt {attempt} (trial {trial_hash}, run {run_id}) {source} ===\n"
     )
-
-
-def evaluation_line(
-    step: int,
-    total: int,
-    metrics: dict[str, float],
-    headline: str | None,
-    seconds_per_step: float | None,
-) -> str | None:
-    """The log's line for a step that evaluated (None: ``headline`` is not among the step's
-    ``metrics``): the step of ``total``, the headline metric, the masked share and entropy where
-    the step trained, and the seconds per step since the previous evaluation."""
-    if headline is None or headline not in metrics:
-        return None
-    parts = [f"{headline_label([headline])} {metrics[headline]:.3f}"]
-    if MASKED_SHARE in metrics:
-        parts.append(f"masked {100 * metrics[MASKED_SHARE]:.2f} %")
-    if ENTROPY in metrics:
-        parts.append(f"entropy {metrics[ENTROPY]:.3f}")
-    if seconds_per_step is not None:
-        parts.append(f"{seconds_per_step:.2f} s/step")
-    return f"step {step}{f'/{total}' if total else ''}: " + ", ".join(parts)
 
 
 @contextmanager

@@ -25,6 +25,19 @@ first column, ``pdm runs``' headline (VeRL's ``val-core/<dataset>/acc/mean@16``,
 _HEAD, _TAIL = HEADLINE_PATTERN.split("*")
 
 
+HEADLINE_LABEL = "avg@16"  # the headline metric's short name (tables, log lines)
+SAMPLES = re.compile(r"mean_at_(\d+)$")  # verl's mean@N, as MLflow names it
+
+
+def headline_label(metrics: list[str]) -> str:
+    """``avg@N`` when every headline metric is a ``.../mean_at_N`` of one N (verl's names; the
+    tiny CPU profile samples 2), else ``HEADLINE_LABEL``."""
+    samples = {m.group(1) if (m := SAMPLES.search(name)) else None for name in metrics}
+    if len(samples) == 1 and None not in samples:
+        return f"avg@{samples.pop()}"
+    return HEADLINE_LABEL
+
+
 def is_headline(name: str) -> bool:
     """Whether a stored metric name is the headline metric of some dataset."""
     return (
@@ -32,6 +45,16 @@ def is_headline(name: str) -> bool:
         and name.endswith(_TAIL)
         and "/" not in name[len(_HEAD) : -len(_TAIL)]
     )
+
+
+_CORE_ACCURACY = re.compile(r"^val-core/[^/]+/acc/mean_at_\d+$")
+
+
+def is_core_accuracy(name: str) -> bool:
+    """Whether a stored metric name is verl's core validation accuracy of a dataset,
+    ``val-core/<dataset>/acc/mean@<n>`` at the job's sample count: its headline metric, whatever
+    its n (16 for the paper, 2 on the tiny CPU profile; verl files the other n under val-aux)."""
+    return bool(_CORE_ACCURACY.match(name))
 
 
 # Training diagnostics every backend logs under one name (design.md's metrics contract)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 
+from pdmask.tracking.comparison_view import RUN_COLUMNS, column
 from pdmask.tracking.metric_names import is_headline
 from pdmask.tracking.store import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND
 
@@ -43,14 +44,7 @@ ASSISTANT_OPENED_KEY = "mlflow.assistant.fab.autoOpenedOnFirstLoad_v1"
 PAGE_STATE_KEY = "MLflowLocalStorage-1.1-ExperimentPage-{}-ReactComponentState"
 # A run page's "Model metrics" charts: MLflowLocalStorage-1.1-RunPage-<run id>-model-chartUIState.
 RUN_CHARTS_KEY = r"^MLflowLocalStorage-1\.1-RunPage-[0-9a-f]+-model-chartUIState$"
-# The runs table's columns of a sweep, in order; the headline metric is appended per experiment.
-# The method as tables show it (Trial.method_label): a control or a varied parameter says so.
-RUN_COLUMNS = ("pdm.method_label", "pdm.model", "pdm.precision", "pdm.delta", "pdm.seed")
 _NO_CONDITIONAL = {b"if-none-match", b"if-modified-since"}  # the page is rewritten: never a 304
-
-
-def _column(kind: str, key: str) -> str:
-    return f"{kind}.`{key}`"  # the runs table's column id (MLflow's makeCanonicalSortKey)
 
 
 def training_columns(client) -> dict[str, list[str]]:
@@ -60,10 +54,10 @@ def training_columns(client) -> dict[str, list[str]]:
     )
     out = {}
     for exp in experiments:
-        columns = [_column("tags", key) for key in RUN_COLUMNS]
+        columns = [column("tags", key) for key in RUN_COLUMNS]
         runs = client.search_runs([exp.experiment_id], max_results=1, order_by=["start_time DESC"])
         for run in runs:
-            columns += [_column("metrics", m) for m in sorted(run.data.metrics) if is_headline(m)]
+            columns += [column("metrics", m) for m in sorted(run.data.metrics) if is_headline(m)]
         out[exp.experiment_id] = columns
     return out
 

@@ -6,6 +6,7 @@
 - MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure, and a
   job whose run holds no training metrics for its last step ends failed, naming why (verl's
   MLflow adapter drops a step it could not log after three tries and trains on);
+- a line per validation in the trial's log, from verl's metrics (``progress.py``);
 - ``actor/entropy``: verl's own where its old-log-prob pass ran, else pdmask's (``metrics.py``);
 - the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound;
 - a retry resumes from the newest checkpoint whose steps are all logged (``resume.py``).
@@ -19,7 +20,7 @@ from verl.trainer.ppo.utils import Role
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-from pdmask.backends.verl import compat, resume, tracking, watchdog
+from pdmask.backends.verl import compat, progress, resume, tracking, watchdog
 from pdmask.backends.verl.checks import TRAINER_NAME, check_job_config
 from pdmask.backends.verl.loss_names import method_for_loss_mode
 from pdmask.backends.verl.metrics import ENTROPY_METRIC
@@ -122,6 +123,7 @@ class PDMTrainerSync(PPOTrainerSync):
     def _start_tracking(self):
         if not self._tracking_started:
             tracking.start_of_training(self.config, self.logger)
+            progress.install(self.logger, self.total_training_steps)  # the trial log's lines
             self._tracking_started = True
 
     def on_validate_begin(self):

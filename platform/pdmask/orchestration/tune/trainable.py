@@ -31,10 +31,11 @@ from functools import partial
 from typing import Any
 
 from pdmask.errors import ConfigError, RecipeError, environment_error
-from pdmask.orchestration.trial_logs import captured, evaluation_line, header, log_path, upload
+from pdmask.orchestration.trial_logs import captured, header, log_path, upload
 from pdmask.orchestration.tune.search import OBJECTIVE, SEARCH_POINT_TAG
 from pdmask.orchestration.tune.trial_config import trial_from_config
 from pdmask.registry import Trial
+from pdmask.tracking.evaluation_line import evaluation_line
 from pdmask.tracking.runs import FailureKind, exception_kind
 from pdmask.watchdog import WATCHDOG_TAG, Bounds, Watchdog, end_process
 
@@ -242,9 +243,8 @@ def _train(
         latest.update(metrics)
         now, since = time.monotonic(), evaluated[1]
         rate = (now - evaluated[0]) / (step - since) if since is not None and step > since else None
-        line = evaluation_line(
-            step, base["pdm_total_steps"], metrics, config.get("eval_metric"), rate
-        )
+        headlines = [config["eval_metric"]] if config.get("eval_metric") else []
+        line = evaluation_line(step, base["pdm_total_steps"], metrics, headlines, rate)
         if line is not None:  # into the trial's log (this process's stdout): ``pdm logs -f``
             print(line, flush=True)
             evaluated[:] = [now, step]
