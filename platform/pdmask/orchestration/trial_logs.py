@@ -146,6 +146,15 @@ def append(path: Path, first_line: str, text: str) -> Path:
     return path
 
 
+def extend(path: Path, text: str) -> Path:
+    """More of the attempt ``path`` ends with (a running Ray Job's driver log as it grows: see
+    ``jobs/job_logs.py``), its credentials hidden; the attempt's cap covers all its parts."""
+    with path.open("a") as log:
+        log.write(redact(text))
+    _cap(path, _last_attempt_start(path))
+    return path
+
+
 def _last_attempt_start(path: Path) -> int:
     """Where the file's last attempt begins (its header line's offset; 0 for none), read in
     blocks: a killed attempt may have left gigabytes without a line break."""

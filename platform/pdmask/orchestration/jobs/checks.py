@@ -10,6 +10,9 @@ from pdmask.errors import ConfigError, Problem, ValidationFailed
 from pdmask.registry import BACKENDS, Launch, Registry, Sweep, Trial
 
 POLL_SECONDS = 15.0  # PDM_JOB_POLL_SECONDS overrides (tests poll faster)
+# How often a running job's driver log is copied into its trial's log (PDM_JOB_LOG_SECONDS): the
+# Jobs API returns a log whole, so not at every poll.
+LOG_SECONDS = 30.0
 # How long the job API may not answer before the sweep ends (ClusterLost, exit 1): a dashboard
 # restart or a network blip passes well within it; a lost head does not come back by waiting.
 UNREACHABLE_ENV = "PDM_CLUSTER_UNREACHABLE_SECONDS"
@@ -29,6 +32,10 @@ def _seconds(env: str, default: float) -> float:
 
 def poll_seconds() -> float:
     return _seconds("PDM_JOB_POLL_SECONDS", POLL_SECONDS)
+
+
+def log_seconds() -> float:
+    return _seconds("PDM_JOB_LOG_SECONDS", LOG_SECONDS)
 
 
 def unreachable_seconds() -> float:

@@ -7,8 +7,8 @@ run FAILED with the log's tail as ``pdm.failure_reason`` (every attempt's reason
 ``pdm.failures``) and is retried ``sweep.retries`` times; a job that SUCCEEDED is FINISHED only
 with a complete run (``tracking/completeness.py``: its planned last step and validations; a run
 left RUNNING is then closed, tagged ``pdm.finished_by``), else a failed attempt naming the gap.
-Every ended job's driver log (Jobs API) is appended to the trial's log in the state folder and
-logged as its run's artifact (``trial_logs.py``). A job API that does not answer
+Every job's driver log (Jobs API) is copied into the trial's log in the state folder as the job
+runs and whole when it ends, then logged as its run's artifact (``job_logs.py``). A job API that does not answer
 is retried, a line per round, for ``PDM_CLUSTER_UNREACHABLE_SECONDS``; then ``ClusterLost``. Each
 round ends with the progress line when it is due (``progress.py``: counts, elapsed, ETA).
 """
@@ -24,6 +24,7 @@ from pdmask.backends.interface import JobBatch
 from pdmask.errors import ClusterLost
 from pdmask.orchestration.jobs.checks import UNREACHABLE_ENV, UNREACHABLE_SECONDS, poll_seconds
 from pdmask.orchestration.jobs.cluster import ClusterUnreachable, JobCluster, JobView, failure_kind
+from pdmask.orchestration.jobs.job_logs import JobLogs
 from pdmask.orchestration.jobs.progress import JobsProgress
 from pdmask.orchestration.session import SweepSession
 from pdmask.registry import Trial
@@ -63,6 +64,7 @@ class JobRunner:
     progress: JobsProgress | None = None  # the progress line as it polls (None: none)
     _waiting_note: str = ""
     _down_since: float | None = None  # when the job API last stopped answering
+    _logs: JobLogs | None = None  # the jobs' driver logs, followed (made at the first poll)
 
     @property
     def client(self):
@@ -155,6 +157,17 @@ class JobRunner:
             self._fail(job, reason, FailureKind.LOST_NODE)
         elif not view.active:
             self._settle(job, view)
+        else:
+            try:
+                self.logs.follow(job.trial, job.sid, view.run_id or job.run_id)
+            except OSError as err:  # a copy: the trial goes on; the end's copy tries again
+                self.console.print(f"[yellow]could not copy the log of {job.sid}: {err}[/yellow]")
+
+    @property
+    def logs(self) -> JobLogs:
+        if self._logs is None:
+            self._logs = JobLogs(self.cluster, self.session.sweep.name)
+        return self._logs
 
     def _admit(self, todo: list[TrialJob]) -> None:
         """Submit the queued jobs the gate admits (every setting's canary first, largest first)
@@ -281,33 +294,20 @@ class JobRunner:
             self._fail(job, reason, kind)
 
     def _keep_log(self, job: TrialJob, view: JobView) -> str | None:
-        """The ended job's driver log, returned, appended to the trial's log in the state folder
-        and logged as its run's artifact (``trial_logs``), best effort."""
+        """The ended job's driver log, returned, its rest copied into the trial's log in the
+        state folder and the file logged as its run's artifact (``job_logs``), best effort."""
         from pdmask.orchestration import trial_logs
 
         if self.cluster is None:  # settling from MLflow alone (no cluster to ask)
             return None
-        text = self.cluster.driver_log(view.submission_id)
-        if text is None:
-            return None
-        trial = job.trial
-        attempt = view.submission_id.rsplit("-a", 1)[-1]
-        source = f"Ray job {view.submission_id} {view.status}, fetched {time.strftime('%Y-%m-%dT%H:%M:%S')}"
-        first = trial_logs.header(
-            trial.run_name(), trial.trial_hash, job.run_id or "unknown", attempt, source
-        )
         try:
-            path = trial_logs.append(
-                trial_logs.log_path(self.session.sweep.name, trial.run_name(), trial.trial_hash),
-                first,
-                text,
-            )
+            text, path = self.logs.finish(job.trial, view, job.run_id)
         except OSError as err:
             self.console.print(
                 f"[yellow]could not keep the log of {view.submission_id}: {err}[/yellow]"
             )
-            return text
-        if job.run_id:
+            return self.cluster.driver_log(view.submission_id)
+        if job.run_id and path is not None:
             trial_logs.upload(self.client, job.run_id, path)
         return text
 
