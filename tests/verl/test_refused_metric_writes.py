@@ -67,9 +67,9 @@ def test_a_refused_metric_write_fails_the_attempt_and_its_retry_logs_the_step(pr
 
     proxy.refuse(run_id)
     began = time.monotonic()
-    with pytest.raises(IncompleteRun, match=r"refused step 2's metrics") as raised:
-        with tracking.failure_marked():  # as the job's fit() is wrapped
-            logger.log({tracking.STEP_METRIC: 2, "actor/pg_loss": 0.8}, step=2)
+    refused = pytest.raises(IncompleteRun, match=r"refused step 2's metrics")
+    with refused as raised, tracking.failure_marked():  # as the job's fit() is wrapped
+        logger.log({tracking.STEP_METRIC: 2, "actor/pg_loss": 0.8}, step=2)
     took = time.monotonic() - began
     assert run_id in str(raised.value) and "3 times" in str(raised.value)
     # every try of verl's three was a request MLflow itself retried: all refused, all step 2
