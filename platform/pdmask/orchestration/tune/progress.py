@@ -157,6 +157,12 @@ class SweepProgress(Callback):
         dropped = [h for h in hashes if self.names.pop(h, None) is not None]
         self.total -= len(dropped)
 
+    def trained_elsewhere(self) -> frozenset[str]:
+        """The trials another invocation of the sweep trained: this one found their claim held
+        (``claimed-elsewhere``) or, once it took it, their run finished (``already-done``)."""
+        theirs = ("claimed-elsewhere", "already-done")
+        return frozenset(r.trial_hash for r in self.rows.values() if r.outcome in theirs)
+
     def _queued_names(self) -> list[str]:
         started = {r.trial_hash for r in self.rows.values()}
         return [n for h, n in self.names.items() if h not in started]
