@@ -205,12 +205,12 @@ def test_two_concurrent_invocations_never_run_a_trial_twice(project):
     for run in sweep_runs(project, "four"):
         assert run.data.tags["pdm.attempts"] == "1", run.data.tags  # trained by exactly one process
     assert first.returncode == 0 and second.returncode == 0, out1 + out2
-    # each copy counts only the trials it trained as finished now; the other copy's are finished
-    # meanwhile by another invocation (or still running there, or finished before it started):
+    # each copy counts only the trials it trained as finished now; the other copy's are its
+    # "finished by another copy" (or still running there, or finished before it started):
     # the two summaries' "finished now" add up to the four trials trained, each once
     rows = (
         "finished now",
-        "finished by another invocation meanwhile",
+        "finished by another copy of this sweep",
         "running in another invocation",
         "already finished (skipped)",
     )

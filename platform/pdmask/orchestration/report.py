@@ -43,7 +43,7 @@ def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -
     one line per failed trial with its reason; the best trial of a search."""
     rows = [
         ["finished now", out.finished],
-        ["finished by another invocation meanwhile", out.finished_elsewhere],
+        ["finished by another copy of this sweep", out.finished_elsewhere],
         ["already finished (skipped)", out.skipped],
         ["failed", out.failed],
         ["configuration refused (fix it; never retried)", out.config_errors],

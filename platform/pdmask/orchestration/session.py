@@ -63,7 +63,7 @@ class SweepOutcome:
     skipped: int  # FINISHED before it started
     interrupted: int
     elsewhere: int = 0  # RUNNING under another live invocation's claim
-    finished_elsewhere: int = 0  # FINISHED meanwhile by another invocation, which trained them
+    finished_elsewhere: int = 0  # FINISHED meanwhile by another copy of the sweep (it trained them)
     best: BestTrial | None = None  # a search's
     config_errors: int = 0  # FAILED because their configuration was refused (never retried)
     recipe_errors: int = 0  # FAILED because their recipe's code raised (never retried)
