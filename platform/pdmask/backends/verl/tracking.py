@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from omegaconf import OmegaConf
 
 from pdmask.backends.verl.checks import config_value
+from pdmask.console import redact
 from pdmask.errors import IncompleteRun, TrackingError
 from pdmask.registry.backends import VERL
 from pdmask.tracking.store import DESCRIPTION_TAG
@@ -227,7 +228,8 @@ def _write_metrics(metrics: dict, step) -> None:
             mlflow.log_metrics(metrics=metrics, step=step)
             return
         except Exception as err:  # what verl's adapter catches (and then drops the step)
-            errors.append(" ".join(str(err).split())[:300] or type(err).__name__)
+            # MLflow's error names the request's URL: no credential of it goes into the reason
+            errors.append(redact(" ".join(str(err).split()))[:300] or type(err).__name__)
     run = mlflow.active_run()
     raise IncompleteRun(
         f"the tracking store refused step {step}'s metrics ({len(metrics)} values) for run "
