@@ -16,6 +16,8 @@ from verl.utils.tracking import Tracking  # noqa: E402
 from pdmask.backends.verl import tracking  # noqa: E402
 from pdmask.backends.verl.overrides import job_env  # noqa: E402
 from pdmask.errors import IncompleteRun, TrackingError  # noqa: E402
+from pdmask.orchestration.jobs.cluster import last_exception  # noqa: E402
+from pdmask.tracking.runs import FailureKind, exception_kind  # noqa: E402
 
 SWEEP_TAGS = {
     "pdm.sweep": "main-figure",
@@ -223,9 +225,15 @@ def test_a_job_whose_steps_never_reached_mlflow_ends_failed(store, monkeypatch):
     tracking.require_training_metrics(config, last_step=1)  # step 1 is held: nothing to refuse
     # Step 2: MLflow refuses the batch (a value that is not a number); verl's adapter would warn
     # only and train on, pdmask's guard ends the attempt naming the step.
-    with pytest.raises(IncompleteRun, match=r"refused step 2's metrics \(2 values\).* 3 times"):
+    refused = pytest.raises(IncompleteRun, match=r"refused step 2's metrics \(2 values\).* 3 times")
+    with refused, tracking.failure_marked():  # as the job's fit() is wrapped
         logger.log({tracking.STEP_METRIC: 2, "actor/pg_loss": "not a number"}, step=2)
     assert [m.step for m in client.get_metric_history(run_id, tracking.STEP_METRIC)] == [1]
+    run = client.get_run(run_id)  # FAILED, and the job's log names an incomplete run: retried
+    assert run.info.status == "FAILED"
+    refusal = last_exception(run.data.tags[tracking.FAILURE_TAG])
+    assert exception_kind(refusal) == FailureKind.INCOMPLETE, refusal
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)  # ending the run unset it in this process
     with pytest.raises(TrackingError, match="after step 1"), tracking.failure_marked():
         tracking.require_training_metrics(config, last_step=2)
     logger.finish()  # verl's TaskRunner, afterwards
