@@ -136,13 +136,14 @@ def start_worker(head: Started, token: str | None, num_cpus: int = 1, num_gpus: 
     return _spawn(cmd, ray_env(token), "pdmw")
 
 
-def start_tracking_server() -> Started:
+def start_tracking_server(store: Path | None = None) -> Started:
+    """``mlflow server`` on loopback, its store ``store`` (a sqlite file; default: its folder's)."""
     port, host = free_port(), socket.gethostname()
     cmd = [
         str(BIN / "mlflow"),
         "server",
         "--backend-store-uri",
-        "sqlite:///{folder}/mlflow.db",
+        f"sqlite:///{store}" if store else "sqlite:///{folder}/mlflow.db",
         "--default-artifact-root",
         "{folder}/artifacts",
         "--host",

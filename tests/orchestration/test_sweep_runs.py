@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -204,6 +205,24 @@ def test_two_concurrent_invocations_never_run_a_trial_twice(project):
     for run in sweep_runs(project, "four"):
         assert run.data.tags["pdm.attempts"] == "1", run.data.tags  # trained by exactly one process
     assert first.returncode == 0 and second.returncode == 0, out1 + out2
+    # each copy counts only the trials it trained as finished now; the other copy's are its
+    # "finished by another copy" (or still running there, or finished before it started):
+    # the two summaries' "finished now" add up to the four trials trained, each once
+    rows = (
+        "finished now",
+        "finished by another copy of this sweep",
+        "running in another invocation",
+        "already finished (skipped)",
+    )
+    counts = [[_summary_count(out, row) for row in rows] for out in (out1, out2)]
+    assert sum(c[0] for c in counts) == 4 and [sum(c) for c in counts] == [4, 4], out1 + out2
+
+
+def _summary_count(out: str, row: str) -> int:
+    """A row's count in a sweep's summary table."""
+    found = re.findall(rf"{re.escape(row)}\W+(\d+)", out)
+    assert len(found) == 1, f"{row!r} in:\n{out[-3000:]}"
+    return int(found[0])
 
 
 def test_bad_tracking_store_fails_before_launch(project):

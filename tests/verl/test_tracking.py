@@ -15,7 +15,9 @@ from verl.utils.tracking import Tracking  # noqa: E402
 
 from pdmask.backends.verl import tracking  # noqa: E402
 from pdmask.backends.verl.overrides import job_env  # noqa: E402
-from pdmask.errors import TrackingError  # noqa: E402
+from pdmask.errors import IncompleteRun, TrackingError  # noqa: E402
+from pdmask.orchestration.jobs.cluster import last_exception  # noqa: E402
+from pdmask.tracking.runs import FailureKind, exception_kind  # noqa: E402
 
 SWEEP_TAGS = {
     "pdm.sweep": "main-figure",
@@ -209,7 +211,8 @@ def test_a_retried_job_never_logs_a_step_twice(store, monkeypatch):
 
 def test_a_job_whose_steps_never_reached_mlflow_ends_failed(store, monkeypatch):
     """verl's MLflow adapter drops a step whose log_metrics failed three times and trains on, and
-    verl's TaskRunner would end the run FINISHED: the job refuses, naming why."""
+    verl's TaskRunner would end the run FINISHED: the guard refuses the step at once, and the
+    end of training refuses a run without its last step, naming why."""
     _, client, _ = store
     run_id = job_of_a_new_run(store, monkeypatch, "trial-5")
     config = job_config()
@@ -220,9 +223,17 @@ def test_a_job_whose_steps_never_reached_mlflow_ends_failed(store, monkeypatch):
         tracking.require_training_metrics(config, last_step=1)
     logger.log({tracking.STEP_METRIC: 1, "actor/pg_loss": 0.5}, step=1)
     tracking.require_training_metrics(config, last_step=1)  # step 1 is held: nothing to refuse
-    # Step 2: MLflow refuses the batch (a value that is not a number); verl's adapter warns only.
-    logger.log({tracking.STEP_METRIC: 2, "actor/pg_loss": "not a number"}, step=2)
+    # Step 2: MLflow refuses the batch (a value that is not a number); verl's adapter would warn
+    # only and train on, pdmask's guard ends the attempt naming the step.
+    refused = pytest.raises(IncompleteRun, match=r"refused step 2's metrics \(2 values\).* 3 times")
+    with refused, tracking.failure_marked():  # as the job's fit() is wrapped
+        logger.log({tracking.STEP_METRIC: 2, "actor/pg_loss": "not a number"}, step=2)
     assert [m.step for m in client.get_metric_history(run_id, tracking.STEP_METRIC)] == [1]
+    run = client.get_run(run_id)  # FAILED, and the job's log names an incomplete run: retried
+    assert run.info.status == "FAILED"
+    refusal = last_exception(run.data.tags[tracking.FAILURE_TAG])
+    assert exception_kind(refusal) == FailureKind.INCOMPLETE, refusal
+    monkeypatch.setenv("MLFLOW_RUN_ID", run_id)  # ending the run unset it in this process
     with pytest.raises(TrackingError, match="after step 1"), tracking.failure_marked():
         tracking.require_training_metrics(config, last_step=2)
     logger.finish()  # verl's TaskRunner, afterwards

@@ -1,10 +1,14 @@
 """Faults injected into a running VeRL sweep, each once its trial's first step is in MLflow.
 
-Two kinds, one per trial (by method name), as an operator or a failing machine would cause them:
+Three kinds, one per trial (by method name), as an operator, a failing machine or an unavailable
+tracking server would cause them:
 
 - ``stop``: the trial's Ray job is stopped through Ray's job API;
 - ``engine``: the job's vLLM engine core process is SIGKILLed (found in the sweep's process tree
-  by the title vLLM gives it, ``VLLM::EngineCore``).
+  by the title vLLM gives it, ``VLLM::EngineCore``);
+- ``tracking``: the tracking server refuses the run's metric writes (the sweep's tracking URI is
+  a ``refusing_proxy.RefusingProxy``) until the faulted attempt has ended: from step 2 on, every
+  write of the attempt is refused, however long it trains on.
 
 The sweep runs one trial at a time (``max_concurrent: 1``), so the engine core alive when a
 trial's step 1 appears is that trial's. Waits are on events (a logged step, a process
@@ -27,6 +31,8 @@ from dataclasses import dataclass, field
 
 from pdmask.orchestration.cluster.local_head import tree_of
 
+from .refusing_proxy import RefusingProxy
+
 STEP_KEY = "actor/pdm/kl_topk_mean"
 ENGINE_TITLE = "EngineCore"
 
@@ -42,6 +48,7 @@ class Injected:
     ended_status: str | None = None  # Ray's status of the faulted attempt once it ended
     ended_at: float | None = None  # its end time (time.time() scale)
     resumed_from: int | None = None  # the step the retry resumed from
+    run_status_at_end: str | None = None  # the run's status when the faulted attempt ended
 
     @property
     def retry_id(self) -> str:
@@ -57,6 +64,7 @@ class FaultInjector:
     experiment: str
     address_of: callable  # () -> the local head's job API address, once the sweep printed it
     faults: dict[str, str]
+    proxy: RefusingProxy | None = None  # the sweep's tracking server, for ``tracking``
     injected: list[Injected] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -89,7 +97,7 @@ class FaultInjector:
         for run in self.client.search_runs([exp.experiment_id], "attributes.status = 'RUNNING'"):
             tags = run.data.tags
             method = tags.get("pdm.method")
-            if method not in todo or tags.get("pdm.mu_source") != "rollout":
+            if method not in todo:
                 continue
             if tags.get("pdm.attempts") != "1" or not tags.get("pdm.ray_job"):
                 continue
@@ -97,7 +105,7 @@ class FaultInjector:
             if not any(m.step >= 1 for m in history):
                 continue
             sid = tags["pdm.ray_job"]
-            detail = self._inject(todo[method], sid)
+            detail = self._inject(todo[method], sid, run.info.run_id)
             self.injected.append(
                 Injected(todo[method], method, run.info.run_id, sid, time.time(), detail)
             )
@@ -115,6 +123,10 @@ class FaultInjector:
                 if info.end_time:
                     fault.ended_status = str(getattr(info.status, "value", info.status))
                     fault.ended_at = info.end_time / 1000
+                    run = self.client.get_run(fault.run_id)
+                    fault.run_status_at_end = run.info.status
+                    if fault.kind == "tracking":  # the server is back for the retry
+                        self.proxy.allow(fault.run_id)
             if fault.resumed_from is None:
                 try:
                     logs = jobs.get_job_logs(fault.retry_id)
@@ -124,7 +136,7 @@ class FaultInjector:
                 if match:
                     fault.resumed_from = int(match.group(1))
 
-    def _inject(self, kind: str, sid: str) -> str:
+    def _inject(self, kind: str, sid: str, run_id: str) -> str:
         if kind == "stop":
             from ray.job_submission import JobSubmissionClient
 
@@ -135,6 +147,9 @@ class FaultInjector:
             assert len(cores) == 1, f"expected one vLLM engine core, found {cores}"
             os.kill(cores[0], signal.SIGKILL)
             return f"SIGKILLed the engine core (pid {cores[0]})"
+        if kind == "tracking":
+            self.proxy.refuse(run_id)
+            return f"the tracking server refuses run {run_id}'s metric writes"
         raise ValueError(kind)
 
 

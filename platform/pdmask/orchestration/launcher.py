@@ -31,6 +31,9 @@ class Launched:
 
     # trial hashes whose Ray jobs run on after this invocation: their runs stay RUNNING
     detached: frozenset[str] = field(default_factory=frozenset)
+    # trial hashes another copy of the sweep trained while this one waited on their claims (or
+    # found finished when it came to them): FINISHED, but not by this invocation
+    trained_elsewhere: frozenset[str] = field(default_factory=frozenset)
     lost_cluster: str | None = None  # why the launch ended early: its Ray cluster was lost
     resume_note: str | None = None  # what to say when interrupted (None: the runner's own)
 

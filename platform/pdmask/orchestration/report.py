@@ -44,6 +44,7 @@ def print_summary(console: Console, sweep: Sweep, out: SweepOutcome, uri: str) -
     rows = [
         ["finished now", out.finished],
         ["reused from other sweeps (linked, not trained)", out.reused],
+        ["finished by another copy of this sweep", out.finished_elsewhere],
         ["already finished (skipped)", out.skipped],
         ["failed", out.failed],
         ["configuration refused (fix it; never retried)", out.config_errors],

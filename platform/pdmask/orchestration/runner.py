@@ -66,7 +66,9 @@ def run_sweep(
                 launched = Launched()
                 if not interrupts.requested:  # stopped while the store was checked: start nothing
                     launched = launcher.launch(session, todo)
-                outcome = session.settle(todo.skipped, launched.detached, len(todo.reused))
+                outcome = session.settle(
+                    todo.skipped, launched.detached, len(todo.reused), launched.trained_elsewhere
+                )
                 outcome.lost_cluster = launched.lost_cluster
                 outcome.resume_note = launched.resume_note or outcome.resume_note
         print_summary(console, sweep, outcome, session.uri)

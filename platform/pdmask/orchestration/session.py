@@ -66,6 +66,7 @@ class SweepOutcome:
     skipped: int  # FINISHED before it started
     interrupted: int
     elsewhere: int = 0  # RUNNING under another live invocation's claim
+    finished_elsewhere: int = 0  # FINISHED meanwhile by another copy of the sweep (it trained them)
     best: BestTrial | None = None  # a search's
     config_errors: int = 0  # FAILED because their configuration was refused (never retried)
     recipe_errors: int = 0  # FAILED because their recipe's code raised (never retried)
@@ -283,11 +284,17 @@ class SweepSession:
         return self._concluded(outcome, runs)
 
     def settle(
-        self, skipped: int, detached: set[str] | frozenset[str] = frozenset(), reused: int = 0
+        self,
+        skipped: int,
+        detached: set[str] | frozenset[str] = frozenset(),
+        reused: int = 0,
+        trained_elsewhere: set[str] | frozenset[str] = frozenset(),
     ) -> SweepOutcome:
         """Final states from MLflow; runs left RUNNING by an interrupt become KILLED (resumable),
         but those of the trials in ``detached`` (their Ray jobs run on: the same command
-        attaches); with the results and failures of the runs read, and the wall time.
+        attaches); with the results and failures of the runs read, and the wall time. A FINISHED
+        trial of ``trained_elsewhere`` counts as finished by another invocation, not this one:
+        two copies of a sweep add up to the trials trained.
 
         A trial not FINISHED in the snapshot is re-read under its claim: another invocation may be
         finishing it right now, and its state must never be overwritten from a stale snapshot.
@@ -301,6 +308,7 @@ class SweepSession:
         client, experiment_id = self.client, self.experiment_id
         by_hash = runs_by_hash(client, experiment_id)
         finished = failed = interrupted = elsewhere = config_errors = recipe_errors = 0
+        by_other_copy = 0  # FINISHED: trained by another copy of this sweep
         running_on = 0  # detached jobs
         not_started = self.gate.not_started()
         search = self.sweep.search is not None
@@ -309,7 +317,8 @@ class SweepSession:
         for h in hashes:
             statuses = {r.info.status for r in by_hash.get(h, [])}
             if "FINISHED" in statuses:
-                finished += 1
+                by_other_copy += h in trained_elsewhere
+                finished += h not in trained_elsewhere
                 read += [r for r in by_hash[h] if r.info.status == "FINISHED"]  # not a past failure
                 continue
             if h in detached:  # its job runs on the cluster: its run is not ours to end
@@ -323,7 +332,8 @@ class SweepSession:
                 read += runs
                 statuses = {r.info.status for r in runs}
                 if "FINISHED" in statuses:
-                    finished += 1
+                    by_other_copy += h in trained_elsewhere
+                    finished += h not in trained_elsewhere
                 elif any(r.data.tags.get(FAILURE_KIND_TAG) == FailureKind.CONFIG for r in runs):
                     config_errors += 1
                 elif any(r.data.tags.get(FAILURE_KIND_TAG) == FailureKind.RECIPE for r in runs):
@@ -345,6 +355,7 @@ class SweepSession:
             skipped - reused,
             interrupted,
             elsewhere=elsewhere,
+            finished_elsewhere=by_other_copy,
             best=self.best(),
             config_errors=config_errors,
             recipe_errors=recipe_errors,

@@ -14,11 +14,15 @@ In the job, pdmask's trainer then checks that verl's MLflow backend really start
 the job knows (verl version, loss, mu source, rollout precision), logs the resolved config as an
 artifact, and marks the run FAILED, with the reason, when the job raises (verl would mark a crashed
 run FINISHED). verl's adapter drops a step's metrics after three failed ``log_metrics`` calls and
-trains on, and its TaskRunner ends the run FINISHED whatever was logged: so when training ends, the
-job refuses to end successfully unless the run holds its last step's training metrics
-(:func:`require_training_metrics`). A retried job logs into the same run and resumes from its last checkpoint, so verl
-logs the steps after that checkpoint again: pdmask's guard around verl's MLflow adapter drops every
-value of a step the run already holds for that metric, so a history never has a step twice.
+trains on, and its TaskRunner ends the run FINISHED whatever was logged: pdmask's guard around the
+adapter (:class:`SkipLoggedSteps`) writes the step itself, with the same tries, and ends the job
+with ``IncompleteRun`` naming the step when the store refused them all (its checkpoint is saved
+before its metrics are written, so the retry resumes from the step before and logs it again:
+``resume.py``). When training ends, the job also refuses to end successfully unless the run holds
+its last step's training metrics (:func:`require_training_metrics`). A retried job logs into the
+same run and resumes from its last checkpoint, so verl logs the steps after that checkpoint again:
+the guard drops every value of a step the run already holds for that metric, so a history never
+has a step twice.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from contextlib import contextmanager
 from omegaconf import OmegaConf
 
 from pdmask.backends.verl.checks import config_value
-from pdmask.errors import TrackingError
+from pdmask.console import redact
+from pdmask.errors import IncompleteRun, TrackingError
 from pdmask.registry.backends import VERL
 from pdmask.tracking.store import DESCRIPTION_TAG
 from pdmask.watchdog import WATCHDOG_TAG
@@ -186,10 +191,13 @@ def _last_step(client, run_id: str, key: str) -> int:
 
 
 class SkipLoggedSteps:
-    """verl's MLflow adapter, minus the values of steps the run already holds for that metric.
+    """verl's MLflow adapter, minus the values of steps the run already holds for that metric,
+    and failing where verl's would drop a step.
 
     Per metric, not per step: a retry that crashed between a step's training and validation
-    metrics still gets the validation ones logged."""
+    metrics still gets the validation ones logged. The write is verl's (its sanitised keys, its
+    number of tries, MLflow's own retries inside each), but a step the store refused every time
+    raises ``IncompleteRun`` instead of passing silently: the run would miss that step for good."""
 
     def __init__(self, adapter, logged: dict[str, int]):
         self.adapter = adapter
@@ -198,13 +206,37 @@ class SkipLoggedSteps:
     def log(self, data, step):
         from pdmask.tracking import sanitize_metric  # the key verl's adapter writes
 
+        metrics = {sanitize_metric(k): v for k, v in data.items()}
         if step is not None and self.logged:
-            data = {k: v for k, v in data.items() if step > self.logged.get(sanitize_metric(k), -1)}
-        if data:
-            self.adapter.log(data=data, step=step)
+            metrics = {k: v for k, v in metrics.items() if step > self.logged.get(k, -1)}
+        if metrics:
+            _write_metrics(metrics, step)
 
     def __getattr__(self, name):  # finish() and anything else verl calls
         return getattr(self.adapter, name)
+
+
+def _write_metrics(metrics: dict, step) -> None:
+    """``mlflow.log_metrics`` with verl's tries; ``IncompleteRun`` naming the step when the
+    store refused every one."""
+    import mlflow
+    from verl.utils.tracking import MLFLOW_MAX_ATTEMPTS
+
+    errors = []
+    for _ in range(MLFLOW_MAX_ATTEMPTS):
+        try:
+            mlflow.log_metrics(metrics=metrics, step=step)
+            return
+        except Exception as err:  # what verl's adapter catches (and then drops the step)
+            # MLflow's error names the request's URL: no credential of it goes into the reason
+            errors.append(redact(" ".join(str(err).split()))[:300] or type(err).__name__)
+    run = mlflow.active_run()
+    raise IncompleteRun(
+        f"the tracking store refused step {step}'s metrics ({len(metrics)} values) for run "
+        f"{run.info.run_id if run else 'unknown'} {len(errors)} times (last: {errors[-1]}); "
+        "ending the attempt rather than training on without them: its retry resumes from the "
+        "checkpoint before the step and logs it again"
+    )
 
 
 STEP_METRIC = "training/global_step"  # verl logs it with every training step

@@ -3,9 +3,10 @@
 - start-up checks of the settings pdmask's methods depend on, before any GPU is allocated;
 - pdmask's actor worker (loss + logits hook) in place of verl's;
 - the old-policy pass marker when mu is recomputed by the trainer (``pdm_mu_source=recompute``);
-- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure, and a
-  job whose run holds no training metrics for its last step ends failed, naming why (verl's
-  MLflow adapter drops a step it could not log after three tries and trains on);
+- MLflow: the backend must be live, job tags, the resolved config, FAILED on any failure; a step
+  whose metrics the store refused ends the attempt (verl's MLflow adapter would drop it after
+  three tries and train on: ``tracking.SkipLoggedSteps``), and a job whose run holds no training
+  metrics for its last step ends failed, naming why;
 - a line per validation in the trial's log, from verl's metrics (``progress.py``);
 - ``actor/entropy``: verl's own where its old-log-prob pass ran, else pdmask's (``metrics.py``);
 - the job's watchdog (``watchdog.py``): a dead vLLM engine or a stall ends the job within a bound;

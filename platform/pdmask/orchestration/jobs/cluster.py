@@ -14,7 +14,12 @@ from dataclasses import dataclass
 
 from pdmask.backends.interface import JobSpec, parse_submission_id
 from pdmask.errors import ConfigError
-from pdmask.tracking.runs import LAST_EXCEPTION, FailureKind, exception_kind
+from pdmask.tracking.runs import (
+    KIND_OF_EXCEPTION,
+    LAST_EXCEPTION,
+    FailureKind,
+    exception_kind,
+)
 
 ACTIVE_STATES = frozenset({"PENDING", "RUNNING"})
 TAIL_LINES = 40
@@ -22,9 +27,12 @@ TAIL_CHARS = 4000  # pdm.failure_reason is an MLflow tag: keep it well inside th
 
 
 # A Python exception's summary line, as a traceback ends (``ValueError: ...``), also when Ray
-# prefixes a worker's line with its actor, e.g. ``(TaskRunner pid=12) RuntimeError: ...``.
+# prefixes a worker's line with its actor, e.g. ``(TaskRunner pid=12) RuntimeError: ...``; the
+# exceptions with a kind of their own are named whatever their names end with (``IncompleteRun``).
+_EXCEPTION_NAMES = "|".join(["Error", "Exception", "Exit", *KIND_OF_EXCEPTION])
 _EXCEPTION_LINE = re.compile(
-    r"^(?:\(\S+ pid=\d+(?:, ip=\S+)?\)\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Exit)\b(?:\(.*?\))?:.*)$"
+    r"^(?:\(\S+ pid=\d+(?:, ip=\S+)?\)\s*)?"
+    rf"([A-Za-z_][\w.]*(?:{_EXCEPTION_NAMES})\b(?:\(.*?\))?:.*)$"
 )
 EXCEPTION_CHARS = 300
 

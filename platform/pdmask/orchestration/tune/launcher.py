@@ -113,7 +113,9 @@ class TuneLauncher:
             raise StoreLost(progress.store_lost)
         if lost is not None and started_ray:
             reap_embedded()  # its orphaned trials must stop before their runs are settled
-        return Launched(lost_cluster=lost and lost + LOST_NOTE)
+        return Launched(
+            lost_cluster=lost and lost + LOST_NOTE, trained_elsewhere=progress.trained_elsewhere()
+        )
 
     def _tuner(self, session: SweepSession, todo: Todo):
         """The Tuner of the session's ``todo`` and its progress display."""

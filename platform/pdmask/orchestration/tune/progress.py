@@ -157,6 +157,12 @@ class SweepProgress(Callback):
         dropped = [h for h in hashes if self.names.pop(h, None) is not None]
         self.total -= len(dropped)
 
+    def trained_elsewhere(self) -> frozenset[str]:
+        """The trials another invocation of the sweep trained: this one found their claim held
+        (``claimed-elsewhere``) or, once it took it, their run finished (``already-done``)."""
+        theirs = ("claimed-elsewhere", "already-done")
+        return frozenset(r.trial_hash for r in self.rows.values() if r.outcome in theirs)
+
     def eta(self, rows: list[Row], now: float) -> float | None:
         """``eta.sweep_eta`` over the rows and the trials not started yet (in launch order; a
         search's points, not known upfront, as the others)."""
