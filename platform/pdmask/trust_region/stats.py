@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from pdmask.trust_region import logits_pass
 from pdmask.trust_region.kernel import KernelTerms
 from pdmask.trust_region.logits_pass import chunked_logits_pass, compute_dtype
 from pdmask.trust_region.support import SupportMode, build_support
@@ -199,6 +200,14 @@ def compute_token_stats(
     topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(sampled.shape[0], -1)
     topk_lp = None if mu_topk_logprobs is None else mu_topk_logprobs.reshape(sampled.shape[0], -1)
 
+    kernels = logits_pass.fused_kernels(flat_logits, chunk_size)
+    fused = None if kernels is None or shard is not None else kernels.fused_statistics
+    if fused is not None and support == "union":
+        return _fused_stats(
+            fused, flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1),
+            vocab, batch_shape, inputs,
+        )  # fmt: skip
+
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
     sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
     second_order = SECOND_ORDER in inputs
@@ -325,6 +334,44 @@ def compute_token_stats(
         **{name: shaped(value) for name, value in second.items()},
         entropy=shaped(lp.entropy),
         support=support_view,
+    )
+
+
+def _fused_stats(fused, logits, sampled, topk_ids, topk_lp, mu_k, vocab, batch_shape, inputs):
+    """``compute_token_stats`` by the kernels' own statistics (``fused``: one kernel forward,
+    one backward, nothing read back to the host; ``triton_stats``)."""
+    if topk_ids is not None and topk_ids.shape[-1] > 0:
+        if topk_lp is None or topk_lp.shape != topk_ids.shape:
+            raise ValueError("mu_topk_logprobs must be given with the same shape as mu_topk_ids")
+        # build_support's check, asserted on the device: it reads nothing back
+        torch._assert_async(
+            (topk_ids < vocab).all(), f"mu_topk_ids holds ids >= the logits width ({vocab})"
+        )
+    else:
+        topk_ids = topk_lp = None
+    out = fused(
+        logits, sampled, topk_ids, topk_lp, mu_k,
+        second_order=SECOND_ORDER in inputs, entropy=ENTROPY in inputs,
+        support_grad=SUPPORT_LOG_PROBS in inputs,
+    )  # fmt: skip
+
+    def shaped(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(*batch_shape, *t.shape[1:])
+
+    support_view = None
+    if SUPPORT_LOG_PROBS in inputs:
+        support_view = SupportLogProbs(
+            ids=shaped(out.pop("support_ids")),
+            valid=shaped(out.pop("support_valid")),
+            log_prob=shaped(out.pop("support_log_prob")),
+            mu_log_prob=shaped(out.pop("support_mu_log_prob")),
+            tail_mass=shaped(out.pop("tail_mass")),
+            mu_tail_mass=shaped(out["mu_tail"]),
+        )
+    names = {f.name for f in fields(TokenStats)}
+    per_token = {name: shaped(value) for name, value in out.items() if name in names}
+    return TokenStats(
+        **per_token, vocab_size=vocab, token_id=sampled.reshape(batch_shape), support=support_view
     )
 
 
