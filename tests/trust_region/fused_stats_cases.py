@@ -207,3 +207,16 @@ def launches(seed: int, n: int, vocab: int, k: int, dtype, inputs) -> dict:
     finally:
         triton_stats._FusedTokenStats.backward = staticmethod(original)
     return {"inputs": sorted(inputs), "counts": counts, "grad": x.grad is not None}
+
+
+def out_of_range_error(vocab: int = 300) -> str:
+    """The fused path's answer to an id at the logits' width (``build_support``'s error, by an
+    asynchronous device assert: on CPU it raises at once)."""
+    case = make_case(4, n=3, vocab=vocab, k=5)
+    case.topk_ids[1, 2] = vocab
+    z = case.logits.to(torch.bfloat16)
+    try:
+        compute_token_stats(z, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp.float())
+    except RuntimeError as err:
+        return str(err)
+    return ""

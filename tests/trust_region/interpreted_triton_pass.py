@@ -19,7 +19,12 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 from fused_cases import case, second_order_case  # noqa: E402
-from fused_stats_cases import EVERY_INPUT, launches, stats_case  # noqa: E402
+from fused_stats_cases import (  # noqa: E402
+    EVERY_INPUT,
+    launches,
+    out_of_range_error,
+    stats_case,
+)
 
 from pdmask.trust_region import logits_pass, triton_pass  # noqa: E402
 
@@ -60,7 +65,8 @@ def main() -> int:
         stats_case(5, 4, 300, 5, f16, topk=False),  # K = 0: the sampled id and one bucket
     ]
     counted = [launches(1, 4, 300, 5, bf16, ()), launches(2, 4, 300, 5, bf16, EVERY_INPUT)]
-    print(json.dumps({"cases": cases, "second_order": second, "stats": stats, "launches": counted}))
+    results = {"cases": cases, "second_order": second, "stats": stats, "launches": counted}
+    print(json.dumps(results | {"out_of_range_error": out_of_range_error()}))
     return 0
 
 

@@ -92,6 +92,12 @@ def test_the_fused_statistics_take_one_kernel_each_way_and_read_nothing_back(int
         assert run["grad"], run
 
 
+def test_the_fused_statistics_reject_an_id_beyond_the_logits(interpreted_cases):
+    assert (
+        "mu_topk_ids holds ids >= the logits width (300)" in interpreted_cases["out_of_range_error"]
+    )
+
+
 def test_the_fused_kernels_compile_for_hopper():
     code = (
         "import json; from pdmask.trust_region.triton_pass import compile_for; "

@@ -18,14 +18,19 @@ as the chunked pass does. ``log pi`` at the sampled and support ids are the gath
 the log-sum-exp.
 
 Backward (one program per row and block): the chunked pass's gradient, term for term (see
-``logits_pass``): ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, rounded once into the
-logits' dtype; when the support's log-probs or the tail's mass receive a gradient, the entries at
-the support ids are computed again with their sparse terms, in float32, and written over.
+``logits_pass``): ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id and, when the support's
+log-probs or the tail's mass receive a gradient, their sparse terms at the support ids (a scalar
+test per id decides whether the block holds it), all in float32 and rounded once into the
+logits' dtype. The coefficient ``c`` is computed in the kernel from the upstream gradients: the
+backward is one launch, with no torch op on the rows.
 
 Every output of the chunked pass comes from these kernels, the differentiable entropy and support
-included, so every recipe runs them on a GPU.
+included, so every recipe runs them on a GPU. ``triton_stats`` shares the forward's sweep
+(``_row_sums``) and this backward, and computes the statistics themselves in the same kernel.
 
 This module imports triton: ``logits_pass`` imports it only when the kernels can run.
+Status: the two kernels ran on an H200 (benchmarks/RESULTS.md); the one-kernel backward and
+``triton_stats`` have run in the interpreter and compiled for Hopper only (GPU-unverified).
 ``TRITON_INTERPRET=1`` (set before triton is imported) runs both kernels on CPU tensors in
 Triton's interpreter, which is how the tests hold them to float64 on machines without a GPU;
 ``compile_for`` compiles them for a GPU architecture without one.
