@@ -143,9 +143,11 @@ def run(device: torch.device, size) -> dict:
         )
         for k in prof["top"]:
             say(f"    {k['ms']:9.3f} ms {k['calls']:6d} calls  {k['share']:.2f}  {k['name'][:90]}")
+    where = "" if device.type == "cuda" else " (CPU: no device events, a code check)"
     for direction, launched in directions.items():
         say(
-            f"\n(d) pdm-agg's statistics, {direction}: {launched['kernels']} kernels (goal <= 2), "
+            f"\n(d) pdm-agg's statistics, {direction}{where}: {launched['kernels']} kernels "
+            f"(goal <= 2; the forward's id check adds 3), "
             f"{launched['device_to_host']} device-to-host copies (goal 0), "
             f"{launched['copies_and_fills']} copies and fills: {', '.join(launched['names'])[:300]}"
         )

@@ -75,7 +75,7 @@ def stats_case(seed: int, n: int, vocab: int, k: int, dtype, topk: bool = True) 
             [] if ids is None else ids[row].tolist(), [] if lps is None else lps[row].tolist(),
         )  # fmt: skip
         for name, ref in brute.items():
-            value = float(getattr(got, name)[row])
+            value = float(getattr(got, name)[row].detach())
             errors["brute/" + name] = max(errors.get("brute/" + name, 0.0), abs(value - ref))
             scale["brute/" + name] = max(scale.get("brute/" + name, 0.0), abs(ref))
     support = {"ids": got.support.ids, "valid": got.support.valid}
