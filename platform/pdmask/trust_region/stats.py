@@ -1,7 +1,9 @@
 """Per-token statistics of the trust region: divergences, ratio, directional derivatives.
 
 See the package docstring for the formulas. Everything here is computed in float32 (float64 for
-float64 logits) from the chunked logits pass plus ``O(N * (K+1))`` work on the support.
+float64 logits) from the chunked logits pass plus ``O(N * (K+1))`` work on the support. On a GPU
+the same formulas run inside the pass's Triton kernel (``triton_stats``: one kernel each way),
+held to the same float64 reference by the tests.
 """
 
 from __future__ import annotations
@@ -196,10 +198,11 @@ def compute_token_stats(
     cdt = compute_dtype(logits.dtype)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     sampled = sampled_ids.reshape(-1).long()
-    mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
     topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(sampled.shape[0], -1)
     topk_lp = None if mu_topk_logprobs is None else mu_topk_logprobs.reshape(sampled.shape[0], -1)
 
+    # On a GPU the kernels compute the statistics themselves (the kernel reads mu's log-probs in
+    # their own dtype); elsewhere the torch ops below, on the pass's outputs.
     kernels = logits_pass.fused_kernels(flat_logits, chunk_size)
     fused = None if kernels is None or shard is not None else kernels.fused_statistics
     if fused is not None and support == "union":
@@ -207,7 +210,7 @@ def compute_token_stats(
             fused, flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1),
             vocab, batch_shape, inputs,
         )  # fmt: skip
-
+    mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
     sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
     second_order = SECOND_ORDER in inputs
