@@ -297,6 +297,11 @@ def run(device: torch.device, size: Size, repeats: int, why_no_fused: str | None
     ratios = {f"{a}/{b}": round(ms[a] / ms[b], 3) for a, b in _RATIOS if a in ms and b in ms}
     _print(size, repeats, paths, sweep, ratios, bandwidth, default_rows, why_no_fused)
     say(f"    pdm-agg, pdm-uni, dppo-topk-kl ran the {pdm_pass} pass")
+    if "pdm-agg/verl-fused" in ratios:  # issue 44's goal for the fused statistics
+        say(
+            f"    pdm-agg {paths['pdm-agg']['ms']} ms / verl's fused log-prob "
+            f"{paths['verl-fused']['ms']} ms = {ratios['pdm-agg/verl-fused']} (goal <= 1.0)"
+        )
     return {
         "tokens": size.tokens,
         "vocab": size.vocab,

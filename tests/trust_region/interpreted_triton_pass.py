@@ -19,6 +19,12 @@ assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
 from fused_cases import case, second_order_case  # noqa: E402
+from fused_stats_cases import (  # noqa: E402
+    EVERY_INPUT,
+    launches,
+    out_of_range_error,
+    stats_case,
+)
 
 from pdmask.trust_region import logits_pass, triton_pass  # noqa: E402
 
@@ -41,11 +47,26 @@ def main() -> int:
         case(triton_pass, 6, 11, 3000, 8, f32, entropy=True, support_grad=True, second_order=True),
         case(triton_pass, 7, 13, 3000, 8, bf16, entropy=True, support_grad=True, padded=96),
     ]
+
     # compute_token_stats's second-order statistics as a GPU computes them: this script stands in
     # for a GPU, so the pass takes the Triton kernels for the CPU tensors here
-    logits_pass.fused_kernels = lambda logits, chunk_size: triton_pass
+    # (float64 logits keep their own path: the references)
+    def gpu_rule(logits, chunk_size):
+        fused = logits.dtype in logits_pass.FUSED_DTYPES and chunk_size is None
+        return triton_pass if fused else None
+
+    logits_pass.fused_kernels = gpu_rule
     second = second_order_case(8, 6, 3000, 20, bf16)
-    print(json.dumps({"cases": cases, "second_order": second}))
+    # the statistics kernel (triton_stats): every statistic and the gradient, and what the pass
+    # launches and reads back per direction
+    stats = [
+        stats_case(0, 6, 2500, 20, bf16),  # two blocks, corrupt top-K slots
+        stats_case(3, 5, 300, 8, f32),  # very peaked pi, one partial block
+        stats_case(5, 4, 300, 5, f16, topk=False),  # K = 0: the sampled id and one bucket
+    ]
+    counted = [launches(1, 4, 300, 5, bf16, ()), launches(2, 4, 300, 5, bf16, EVERY_INPUT)]
+    results = {"cases": cases, "second_order": second, "stats": stats, "launches": counted}
+    print(json.dumps(results | {"out_of_range_error": out_of_range_error()}))
     return 0
 
 

@@ -59,6 +59,45 @@ def test_the_second_order_statistics_from_the_fused_pass_equal_float64(interpret
     assert_second_order_matches_float64(interpreted_cases["second_order"])
 
 
+def test_every_statistic_from_the_fused_kernel_equals_float64(interpreted_cases):
+    """``triton_stats``'s kernel builds the support and computes every ``TokenStats`` field (every
+    method's proximity and direction tests read these) within the low-precision bounds of
+    ``test_stats.py`` (float32 arithmetic: ``rtol 2e-4, atol 2e-6`` of the float64 value), and
+    the gradient of a loss on every differentiable output within one spacing of the logits'
+    dtype plus float32 terms, as the pass's own cases."""
+    cases = interpreted_cases["stats"]
+    assert [(c["k"], c["topk"], c["dtype"]) for c in cases] == [
+        (20, True, "torch.bfloat16"), (8, True, "torch.float32"), (5, False, "torch.float16")
+    ]  # fmt: skip
+    for c in cases:
+        assert c["same_support"] and c["invalid_slots_at_minus_inf"], c
+        assert c["errors"]["support_size"] == 0 and c["errors"]["token_id"] == 0, c
+        for name, error in c["errors"].items():
+            assert error <= 2e-6 + 2e-4 * c["scale"][name], (name, c)
+        assert any(name.startswith("brute/") for name in c["errors"]), c
+        assert c["support_log_prob_error"] <= 16 * EPS32 * (1 + c["lse_max"]), c
+        float32_terms = 4 * (1 + c["z_max"] + c["lse_max"]) * EPS32
+        assert c["grad_row_relative"] <= c["eps"] + 2 * float32_terms, c
+
+
+def test_the_fused_statistics_take_one_kernel_each_way_and_read_nothing_back(interpreted_cases):
+    """Per direction: one Triton launch; the only torch ops are the forward's asynchronous
+    range check of mu's ids (a compare, a reduction, a device assert: no read back); every
+    ``item``/``bool``/``tolist``/``cpu``/``numpy`` inside the pass raised (none did)."""
+    check = ["lt.Scalar", "all.default", "_assert_async.msg"]
+    for run in interpreted_cases["launches"]:
+        counts = run["counts"]
+        assert counts["forward"] == {"triton": ["_token_stats"], "torch": check}, run
+        assert counts["backward"] == {"triton": ["_backward"], "torch": []}, run
+        assert run["grad"], run
+
+
+def test_the_fused_statistics_reject_an_id_beyond_the_logits(interpreted_cases):
+    assert (
+        "mu_topk_ids holds ids >= the logits width (300)" in interpreted_cases["out_of_range_error"]
+    )
+
+
 def test_the_fused_kernels_compile_for_hopper():
     code = (
         "import json; from pdmask.trust_region.triton_pass import compile_for; "
@@ -67,7 +106,7 @@ def test_the_fused_kernels_compile_for_hopper():
     proc = _python(["-c", code], interpret=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     stages = json.loads(proc.stdout.splitlines()[-1])
-    assert set(stages) == {"_forward", "_backward"}
+    assert set(stages) == {"_forward", "_backward", "_token_stats"}
     assert all(kernel[-1] == "cubin" for kernel in stages.values()), stages
 
 

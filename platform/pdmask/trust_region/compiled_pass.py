@@ -42,6 +42,9 @@ from .pass_terms import first_slots, sparse_entries, upstream
 # chunked pass's extra sweeps save (0.15 ms per token at Qwen3's vocabulary, on one core).
 MIN_VOCAB = 2**15
 NAME = "compiled"  # how benchmarks and reports name the pass these kernels make
+# No kernel of its own for the statistics: on a CPU the [N, K] arithmetic is torch ops on the
+# pass's outputs (``stats``), a few percent of the pass (benchmarks/README.md).
+fused_statistics = None
 
 _failure: str | None = None  # why the kernels cannot be built in this process, once known
 

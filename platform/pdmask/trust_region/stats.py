@@ -1,7 +1,9 @@
 """Per-token statistics of the trust region: divergences, ratio, directional derivatives.
 
 See the package docstring for the formulas. Everything here is computed in float32 (float64 for
-float64 logits) from the chunked logits pass plus ``O(N * (K+1))`` work on the support.
+float64 logits) from the chunked logits pass plus ``O(N * (K+1))`` work on the support. On a GPU
+the same formulas run inside the pass's Triton kernel (``triton_stats``: one kernel each way),
+held to the same float64 reference by the tests.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 
 import torch
 
+from pdmask.trust_region import logits_pass
 from pdmask.trust_region.kernel import KernelTerms
 from pdmask.trust_region.logits_pass import chunked_logits_pass, compute_dtype
 from pdmask.trust_region.support import SupportMode, build_support
@@ -195,10 +198,19 @@ def compute_token_stats(
     cdt = compute_dtype(logits.dtype)
     flat_logits = logits.reshape(-1, logits.shape[-1])
     sampled = sampled_ids.reshape(-1).long()
-    mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
     topk_ids = None if mu_topk_ids is None else mu_topk_ids.reshape(sampled.shape[0], -1)
     topk_lp = None if mu_topk_logprobs is None else mu_topk_logprobs.reshape(sampled.shape[0], -1)
 
+    # On a GPU the kernels compute the statistics themselves (the kernel reads mu's log-probs in
+    # their own dtype); elsewhere the torch ops below, on the pass's outputs.
+    kernels = logits_pass.fused_kernels(flat_logits, chunk_size)
+    fused = None if kernels is None or shard is not None else kernels.fused_statistics
+    if fused is not None and support == "union":
+        return _fused_stats(
+            fused, flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1),
+            vocab, batch_shape, inputs,
+        )  # fmt: skip
+    mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
     sup = build_support(sampled, mu_k_logp, topk_ids, topk_lp, vocab, mode=support, dtype=cdt)
     second_order = SECOND_ORDER in inputs
@@ -325,6 +337,44 @@ def compute_token_stats(
         **{name: shaped(value) for name, value in second.items()},
         entropy=shaped(lp.entropy),
         support=support_view,
+    )
+
+
+def _fused_stats(fused, logits, sampled, topk_ids, topk_lp, mu_k, vocab, batch_shape, inputs):
+    """``compute_token_stats`` by the kernels' own statistics (``fused``: one kernel forward,
+    one backward, nothing read back to the host; ``triton_stats``)."""
+    if topk_ids is not None and topk_ids.shape[-1] > 0:
+        if topk_lp is None or topk_lp.shape != topk_ids.shape:
+            raise ValueError("mu_topk_logprobs must be given with the same shape as mu_topk_ids")
+        # build_support's check, asserted on the device: it reads nothing back
+        torch._assert_async(
+            (topk_ids < vocab).all(), f"mu_topk_ids holds ids >= the logits width ({vocab})"
+        )
+    else:
+        topk_ids = topk_lp = None
+    out = fused(
+        logits, sampled, topk_ids, topk_lp, mu_k,
+        second_order=SECOND_ORDER in inputs, entropy=ENTROPY in inputs,
+        support_grad=SUPPORT_LOG_PROBS in inputs,
+    )  # fmt: skip
+
+    def shaped(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.reshape(*batch_shape, *t.shape[1:])
+
+    support_view = None
+    if SUPPORT_LOG_PROBS in inputs:
+        support_view = SupportLogProbs(
+            ids=shaped(out.pop("support_ids")),
+            valid=shaped(out.pop("support_valid")),
+            log_prob=shaped(out.pop("support_log_prob")),
+            mu_log_prob=shaped(out.pop("support_mu_log_prob")),
+            tail_mass=shaped(out.pop("tail_mass")),
+            mu_tail_mass=shaped(out["mu_tail"]),
+        )
+    names = {f.name for f in fields(TokenStats)}
+    per_token = {name: shaped(value) for name, value in out.items() if name in names}
+    return TokenStats(
+        **per_token, vocab_size=vocab, token_id=sampled.reshape(batch_shape), support=support_view
     )
 
 

@@ -18,14 +18,19 @@ as the chunked pass does. ``log pi`` at the sampled and support ids are the gath
 the log-sum-exp.
 
 Backward (one program per row and block): the chunked pass's gradient, term for term (see
-``logits_pass``): ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, rounded once into the
-logits' dtype; when the support's log-probs or the tail's mass receive a gradient, the entries at
-the support ids are computed again with their sparse terms, in float32, and written over.
+``logits_pass``): ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id and, when the support's
+log-probs or the tail's mass receive a gradient, their sparse terms at the support ids (a scalar
+test per id decides whether the block holds it), all in float32 and rounded once into the
+logits' dtype. The coefficient ``c`` is computed in the kernel from the upstream gradients: the
+backward is one launch, with no torch op on the rows.
 
 Every output of the chunked pass comes from these kernels, the differentiable entropy and support
-included, so every recipe runs them on a GPU.
+included, so every recipe runs them on a GPU. ``triton_stats`` shares the forward's sweep
+(``_row_sums``) and this backward, and computes the statistics themselves in the same kernel.
 
 This module imports triton: ``logits_pass`` imports it only when the kernels can run.
+Status: the two kernels ran on an H200 (benchmarks/RESULTS.md); the one-kernel backward and
+``triton_stats`` have run in the interpreter and compiled for Hopper only (GPU-unverified).
 ``TRITON_INTERPRET=1`` (set before triton is imported) runs both kernels on CPU tensors in
 Triton's interpreter, which is how the tests hold them to float64 on machines without a GPU;
 ``compile_for`` compiles them for a GPU architecture without one.
@@ -47,15 +52,13 @@ _NEG = tl.constexpr(-1e30)
 
 
 @triton.jit
-def _forward(
-    logits_ptr, stride, vocab, sampled_ptr, ids_ptr, sorted_ids_ptr, m_ids,
-    logp_sampled_ptr, logp_support_ptr, tail_ptr, tail_sq_ptr, tail_cube_ptr, lse_ptr, ent_ptr,
-    BLOCK: tl.constexpr, M_PAD: tl.constexpr, CUBE: tl.constexpr, ENTROPY: tl.constexpr,
+def _row_sums(
+    base, vocab, sorted_base, m_ids, BLOCK: tl.constexpr, CUBE: tl.constexpr,
+    ENTROPY: tl.constexpr,
 ):  # fmt: skip
-    row = tl.program_id(0).to(tl.int64)
-    base = logits_ptr + row * stride
-    ids_base = ids_ptr + row * m_ids
-    sorted_base = sorted_ids_ptr + row * m_ids
+    """One row's sweep (``base``: its logits; ``sorted_base``: its ``m_ids`` support ids in
+    ascending order): ``(lse, tail, tail_sq, tail_cube, entropy)``, the last two 0 unless asked
+    for. Shared by the pass's forward and the fused statistics (``triton_stats``)."""
     # The row's support ids in ascending order, consumed as the blocks pass them: one scalar
     # compare per block, one load per id. Past the last id, a sentinel no block reaches.
     beyond = vocab + BLOCK
@@ -95,39 +98,102 @@ def _forward(
     w = tl.exp(run_max - row_max)
     s = tl.sum(total * w, 0)
     lse = row_max + tl.log(s)
-    tl.store(lse_ptr + row, lse)
-    tl.store(tail_ptr + row, tl.sum(tail1 * w, 0) / s)
-    tl.store(tail_sq_ptr + row, tl.sum(tail2 * (w * w), 0) / (s * s))
+    tail = tl.sum(tail1 * w, 0) / s
+    tail_sq = tl.sum(tail2 * (w * w), 0) / (s * s)
+    tail_cube = 0.0
     if CUBE:
-        tl.store(tail_cube_ptr + row, tl.sum(tail3 * (w * w * w), 0) / (s * s * s))
+        tail_cube = tl.sum(tail3 * (w * w * w), 0) / (s * s * s)
+    ent = 0.0
     if ENTROPY:  # H = lse - E[z] = log s - E[z - row_max]
         mean_shifted = tl.sum(w * (shifted + (run_max - row_max) * total), 0) / s
-        tl.store(ent_ptr + row, tl.log(s) - mean_shifted)
+        ent = tl.log(s) - mean_shifted
+    return lse, tail, tail_sq, tail_cube, ent
+
+
+@triton.jit
+def _forward(
+    logits_ptr, stride, vocab, sampled_ptr, ids_ptr, sorted_ids_ptr, m_ids,
+    logp_sampled_ptr, logp_support_ptr, tail_ptr, tail_sq_ptr, tail_cube_ptr, lse_ptr, ent_ptr,
+    BLOCK: tl.constexpr, M_PAD: tl.constexpr, CUBE: tl.constexpr, ENTROPY: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    base = logits_ptr + row * stride
+    lse, tail, tail_sq, tail_cube, ent = _row_sums(
+        base, vocab, sorted_ids_ptr + row * m_ids, m_ids, BLOCK, CUBE, ENTROPY
+    )
+    tl.store(lse_ptr + row, lse)
+    tl.store(tail_ptr + row, tail)
+    tl.store(tail_sq_ptr + row, tail_sq)
+    if CUBE:
+        tl.store(tail_cube_ptr + row, tail_cube)
+    if ENTROPY:
+        tl.store(ent_ptr + row, ent)
     y = tl.load(sampled_ptr + row)
     tl.store(logp_sampled_ptr + row, tl.load(base + y).to(tl.float32) - lse)
     slots = tl.arange(0, M_PAD)
     inside = slots < m_ids
-    sids = tl.load(ids_base + slots, mask=inside, other=0)
+    sids = tl.load(ids_ptr + row * m_ids + slots, mask=inside, other=0)
     z_s = tl.load(base + sids, mask=inside, other=0.0).to(tl.float32)
     tl.store(logp_support_ptr + row * m_ids + slots, z_s - lse, mask=inside)
 
 
 @triton.jit
 def _backward(
-    logits_ptr, stride, vocab, sampled_ptr, lse_ptr, coef_ptr, grad_y_ptr, grad_h_ptr,
-    grad_ptr, grad_stride, BLOCK: tl.constexpr, ENTROPY: tl.constexpr,
+    logits_ptr, stride, vocab, sampled_ptr, lse_ptr, tail_ptr, ent_ptr, ids_ptr, valid_ptr,
+    m_ids, grad_y_ptr, grad_s_ptr, grad_t_ptr, grad_h_ptr, grad_ptr, grad_stride,
+    BLOCK: tl.constexpr, M_PAD: tl.constexpr, HAS_Y: tl.constexpr, SUPPORT: tl.constexpr,
+    TAIL: tl.constexpr, ENTROPY: tl.constexpr, VALID: tl.constexpr,
 ):  # fmt: skip
+    """Every term of the gradient in one kernel, each entry rounded once: the dense
+    ``pi_j (c - g_H z_j)``, ``g_y`` at the sampled id, and at the support ids (a scalar test per
+    id and program: only the ids inside this block cost a vector compare) every slot's ``g_s``
+    and the tail's ``-g_T pi_j`` once per distinct id. ``c`` is ``pass_terms.upstream``'s
+    coefficient, computed here per row. ``VALID``: the slots' ``valid`` flags gate ``g_s`` (the
+    fused statistics' invalid slots hold ``-inf``, which no gradient reaches)."""
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    start = tl.program_id(1) * BLOCK
+    cols = start + tl.arange(0, BLOCK)
     inside = cols < vocab
     z = tl.load(logits_ptr + row * stride + cols, mask=inside, other=0.0).to(tl.float32)
-    p = tl.exp(z - tl.load(lse_ptr + row))
-    dense = tl.load(coef_ptr + row)
+    lse = tl.load(lse_ptr + row)
+    p = tl.exp(z - lse)
+    slots = tl.arange(0, M_PAD)
+    counted = slots < m_ids
+    if VALID:
+        counted = counted & (tl.load(valid_ptr + row * m_ids + slots, mask=counted, other=0) != 0)
+    coef = 0.0
+    g_y = 0.0
+    if HAS_Y:
+        g_y = tl.load(grad_y_ptr + row)
+        coef = -g_y
+    if SUPPORT:
+        g_s = tl.load(grad_s_ptr + row * m_ids + slots, mask=counted, other=0.0)
+        coef -= tl.sum(g_s, 0)
+    g_t = 0.0
+    if TAIL:
+        g_t = tl.load(grad_t_ptr + row)
+        coef += g_t * (1 - tl.load(tail_ptr + row))
+    dense = tl.zeros([BLOCK], tl.float32) + coef
     if ENTROPY:  # a compile-time branch: the kernel without it reads no entropy gradient
-        dense = dense - tl.load(grad_h_ptr + row) * z
+        g_h = tl.load(grad_h_ptr + row)
+        dense = dense + g_h * (lse - tl.load(ent_ptr + row)) - g_h * z
     grad = tl.where(p > 0, p * dense, 0.0)  # 0 at z = -inf, where g_H z is infinite
-    y = tl.load(sampled_ptr + row)
-    grad = grad + tl.where(cols == y, tl.load(grad_y_ptr + row), 0.0)
+    if HAS_Y:
+        grad = grad + tl.where(cols == tl.load(sampled_ptr + row), g_y, 0.0)
+    if SUPPORT or TAIL:
+        on_support = cols < 0  # all False
+        for slot in range(0, m_ids):
+            sid = tl.load(ids_ptr + row * m_ids + slot)
+            if (sid >= start) & (sid < start + BLOCK):
+                hit = cols == sid
+                on_support = on_support | hit
+                if SUPPORT:
+                    g = tl.load(grad_s_ptr + row * m_ids + slot)
+                    if VALID:
+                        g = tl.where(tl.load(valid_ptr + row * m_ids + slot) != 0, g, 0.0)
+                    grad = grad + tl.where(hit, g, 0.0)
+        if TAIL:  # the tail's dT/dz_j has pi_j only off the support: once per distinct id
+            grad = grad - tl.where(on_support, g_t * p, 0.0)
     out = grad_ptr + row * grad_stride + cols
     tl.store(out, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
@@ -161,35 +227,45 @@ def statistics(logits, sampled, support_ids, second_order: bool, entropy: bool):
     return logp_sampled, logp_support, tail, tail_sq, tail_cube, ent, lse, None
 
 
-def backward(logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g_h, padded=None):
+def backward(
+    logits, sampled, support_ids, lse, tail_mass, ent, g_y, g_s, g_t, g_h, padded=None, valid=None
+):
     """The gradient of the pass's differentiable outputs, in the logits' dtype (contiguous: the
     logits' rows may be a strided view), from the upstream gradients of ``log pi(y)`` (``g_y``),
     ``log pi`` at the support (``g_s [N, M]``), the tail's mass (``g_t``) and the entropy
-    (``g_h``); any may be None (``padded`` is not needed: the kernel guards every entry). The
-    same terms as ``logits_pass``'s chunked backward: a dense
-    ``pi_j (c - g_H z_j)`` plus ``g_y`` at the sampled id, written by one kernel; where the
-    support or the tail has a gradient, its sparse terms are added at the support ids in float32
-    and each of those entries is written once more (rounded once, like every other entry)."""
-    from .pass_terms import sparse_entries, upstream
-
+    (``g_h``); any may be None (``padded`` is not needed: the kernel guards every entry).
+    ``valid [N, M]``: which slots' ``g_s`` count (None: all). The same terms as
+    ``logits_pass``'s chunked backward, every one in one kernel (``_backward``): no torch op
+    runs on the rows, so the backward is one launch and reads nothing back to the host."""
     n, vocab = logits.shape
     grad = torch.empty(logits.shape, dtype=logits.dtype, device=logits.device)
     if not n:
         return grad
-    g_y, g_s, g_t, g_h, coef = upstream(g_y, g_s, g_t, g_h, tail_mass, ent, lse, lse)
+    m = 0 if support_ids is None else support_ids.shape[1]
+    f32 = [None if g is None else g.float().contiguous() for g in (g_y, g_s, g_t, g_h)]
+    given = [g for g in f32 if g is not None]
+    anyone = given[0] if given else lse  # a pointer for the absent ones (never read)
+    g_y, g_s, g_t, g_h = (anyone if g is None else g for g in f32)
     grid = (n, -(-vocab // BACKWARD_BLOCK))
     _backward[grid](
-        logits, logits.stride(0), vocab, sampled.contiguous().long(), lse, coef.contiguous(),
-        g_y.contiguous(), g_y if g_h is None else g_h.contiguous(), grad, grad.stride(0),
-        BLOCK=BACKWARD_BLOCK, ENTROPY=g_h is not None, num_warps=WARPS,
+        logits, logits.stride(0), vocab, sampled.contiguous().long(), lse,
+        lse if tail_mass is None else tail_mass, lse if ent is None else ent,
+        sampled if support_ids is None else support_ids.contiguous().long(),
+        sampled if valid is None else valid.contiguous(), m,
+        g_y, g_s, g_t, g_h, grad, grad.stride(0),
+        BLOCK=BACKWARD_BLOCK, M_PAD=_m_pad(m), HAS_Y=f32[0] is not None,
+        SUPPORT=f32[1] is not None, TAIL=f32[2] is not None, ENTROPY=f32[3] is not None,
+        VALID=valid is not None, num_warps=WARPS,
     )  # fmt: skip
-    if g_s is not None or g_t is not None:
-        at = torch.cat([support_ids, sampled[:, None]], 1).long()
-        z_at = logits.gather(1, at).float()
-        p_at = torch.exp(z_at - lse[:, None])
-        value = sparse_entries(at, support_ids, sampled, p_at, z_at, coef, g_y, g_s, g_t, g_h)
-        grad.scatter_(1, at, value.to(grad.dtype))  # duplicate ids write one value
     return grad
+
+
+def fused_statistics(logits, sampled, top_ids, top_lp, mu_k, **flags):
+    """Every per-token statistic from one forward and one backward kernel
+    (``triton_stats.fused_token_stats``): what ``stats.compute_token_stats`` runs on a GPU."""
+    from .triton_stats import fused_token_stats
+
+    return fused_token_stats(logits, sampled, top_ids, top_lp, mu_k, **flags)
 
 
 def sampled_backward(logits, sampled, lse, grad_logp):
@@ -213,11 +289,17 @@ _SIGNATURES = {
     "_backward": (
         {
             "logits_ptr": "*bf16", "stride": "i32", "vocab": "i32", "sampled_ptr": "*i64",
-            "lse_ptr": "*fp32", "coef_ptr": "*fp32", "grad_y_ptr": "*fp32",
-            "grad_h_ptr": "*fp32", "grad_ptr": "*bf16", "grad_stride": "i32",
-            "BLOCK": "constexpr", "ENTROPY": "constexpr",
+            "lse_ptr": "*fp32", "tail_ptr": "*fp32", "ent_ptr": "*fp32", "ids_ptr": "*i64",
+            "valid_ptr": "*i1", "m_ids": "i32", "grad_y_ptr": "*fp32", "grad_s_ptr": "*fp32",
+            "grad_t_ptr": "*fp32", "grad_h_ptr": "*fp32", "grad_ptr": "*bf16",
+            "grad_stride": "i32", "BLOCK": "constexpr", "M_PAD": "constexpr",
+            "HAS_Y": "constexpr", "SUPPORT": "constexpr", "TAIL": "constexpr",
+            "ENTROPY": "constexpr", "VALID": "constexpr",
         },
-        {"BLOCK": BACKWARD_BLOCK, "ENTROPY": True},
+        {
+            "BLOCK": BACKWARD_BLOCK, "M_PAD": 32, "HAS_Y": True, "SUPPORT": True, "TAIL": True,
+            "ENTROPY": True, "VALID": True,
+        },
     ),
 }  # fmt: skip
 
@@ -243,6 +325,12 @@ def compile_kernels(
 
 
 def compile_for(arch: int = 90) -> dict[str, list[str]]:
-    """This module's two kernels through ``compile_kernels``."""
+    """This module's two kernels and ``triton_stats``'s through ``compile_kernels``."""
+    from . import triton_stats
+
     kernels = {name: (globals()[name], *spec) for name, spec in _SIGNATURES.items()}
+    kernels |= {
+        name: (getattr(triton_stats, name), *spec)
+        for name, spec in triton_stats._SIGNATURES.items()
+    }
     return compile_kernels(kernels, arch)
