@@ -2,7 +2,7 @@
 
     python benchmarks/bench_rollout_topk.py [--sizes tiny,small] [--dtype bfloat16]
                                             [--prompts 64] [--tokens 32] [--repeats 5]
-                                            [--topk-path objects,arrays]
+                                            [--topk-path objects,arrays] [--device cpu]
 
 The requests go through ``TopKvLLMHttpServer.generate`` -- verl 0.9.1's ``vLLMHttpServer.generate``
 with pdmask's shims, the method a VeRL job's agent loop calls -- on vLLM's ``AsyncLLM`` with its
@@ -281,22 +281,25 @@ def print_table(label: str, summary: dict, tokens_per_batch: int) -> None:
 
 def _child(args) -> int:
     os.environ.update(VERL_RAY_JOB_ID=f"bench{os.getpid()}")
-    from pdmask.backends.verl import cpu_platform
-    from pdmask.backends.verl.cpu_profile import CPU_ENV
+    if args.device == "cpu":
+        from pdmask.backends.verl import cpu_platform
+        from pdmask.backends.verl.cpu_profile import CPU_ENV
 
-    os.environ.update(CPU_ENV)
-    cpu_platform.register()
-    kwargs = engine_args(
-        args.model, args.dtype, 64 if args.tokens <= 48 else 2 * args.tokens, "cpu"
-    )
+        os.environ.update(CPU_ENV)
+        cpu_platform.register()
+    max_len = 64 if args.tokens <= 48 else 2 * args.tokens
+    kwargs = engine_args(args.model, args.dtype, max_len, args.device)
     paths = args.topk_path.split(",")
     result = asyncio.run(measure(kwargs, args.prompts, args.tokens, args.repeats, paths))
     print(json.dumps(result))
     return 0
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: gpu_check.py's part (g)"
+    )
     parser.add_argument("--sizes", default=",".join(SIZES), help="tiny, small or both")
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--prompts", type=int, default=64, help="concurrent requests per batch")
@@ -309,7 +312,7 @@ def main() -> int:
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.child:
         return _child(args)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
@@ -320,7 +323,7 @@ def main() -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_vllm_cpu import build_model
 
-    print(f"verl's vLLM server path on vLLM's CPU build, {args.dtype}, {args.prompts} requests x "
+    print(f"verl's vLLM server path on vLLM ({args.device}), {args.dtype}, {args.prompts} requests x "
           f"{args.tokens} tokens, K = 0 vs {K} ({args.topk_path}), {args.repeats} interleaved rounds; "
           f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     records = {}
@@ -329,6 +332,7 @@ def main() -> int:
             model = build_model(size, Path(tmp))
             done = subprocess.run(
                 [sys.executable, __file__, "--child", "--model", str(model), "--dtype", args.dtype,
+                 "--device", args.device,
                  "--prompts", str(args.prompts), "--tokens", str(args.tokens),
                  "--repeats", str(args.repeats), "--topk-path", args.topk_path],
                 capture_output=True, text=True, timeout=3600,
@@ -339,7 +343,8 @@ def main() -> int:
             summary = summarise(json.loads(done.stdout.strip().splitlines()[-1]))
             print_table(size, summary, args.prompts * args.tokens)
             records[size] = summary
-    print(json.dumps({"bench": "rollout_topk", "k": K, "dtype": args.dtype, "sizes": records}))
+    print(json.dumps({"bench": "rollout_topk", "k": K, "device": args.device, "dtype": args.dtype,
+                      "sizes": records}))  # fmt: skip
     return 0
 
 
