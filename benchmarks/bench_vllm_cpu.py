@@ -37,7 +37,9 @@ SMALL = {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8,
          "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 64}  # fmt: skip
 
 
-def _model(size: str, folder: Path) -> Path:
+def build_model(size: str, folder: Path) -> Path:
+    """The benchmark's model folder: the tiny verl-smoke model, or a random ~110 M Qwen3 on its
+    tokenizer (built from a config, nothing downloaded)."""
     from pdmask.backends.verl import tiny_model
 
     os.environ["PDM_HOME"] = str(folder / "state")
@@ -156,7 +158,7 @@ def main() -> int:
         print(json.dumps(_run_mode(args.mode, args.model, args.dtype, args.prompts, args.tokens)))
         return 0
     with tempfile.TemporaryDirectory() as tmp:
-        model = _model(args.size, Path(tmp))
+        model = build_model(args.size, Path(tmp))
         results = []
         for mode in MODES:
             done = subprocess.run(

@@ -24,12 +24,19 @@ line on stdout (and in ``OUT/gpu_check.jsonl``) with ``"part"`` and ``"ok"``; ta
 
 Parts (e) and (f) share one spawn of the two ranks (``gpu/tp_ranks.py``).
 
+One part runs only when named in ``--parts`` (it needs vLLM, which cannot travel to a lent machine):
+
+- ``rollout`` (g): what mu's top-20 costs verl's vLLM rollout, K = 0 against K = 20 on vLLM's
+  Logprob dicts and on pdmask's arrays, tokens/s and serving-process CPU per token
+  (``bench_rollout_topk.py --device cuda``, the ~110 M model, ~1-2 min).
+
 Nothing is downloaded: models come from configs, inputs from seeded random numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -39,6 +46,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("loss", "hook", "engine", "profile", "shard", "megatron")
+ON_REQUEST = ("rollout",)  # not in the default run: needs vllm installed on the machine
 VERL_ENGINE_PARTS = ("hook", "engine")  # they run verl's own log-prob code
 
 
@@ -86,13 +94,15 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda", help="cuda (the check) or cpu (code check)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: checks code, not speed")
     parser.add_argument("--repeats", type=int, default=None, help="timed repeats (5; tiny: 2)")
-    parser.add_argument("--parts", default=",".join(PARTS), help=f"any of {','.join(PARTS)}")
+    parser.add_argument(
+        "--parts", default=",".join(PARTS), help=f"any of {','.join(PARTS + ON_REQUEST)}"
+    )
     parser.add_argument("--out", type=Path, default=None, help="folder for gpu_check.jsonl")
     args = parser.parse_args(argv)
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    unknown = sorted(set(parts) - set(PARTS))
+    unknown = sorted(set(parts) - set(PARTS + ON_REQUEST))
     if unknown:
-        parser.error(f"--parts: unknown {unknown}; choose from {list(PARTS)}")
+        parser.error(f"--parts: unknown {unknown}; choose from {list(PARTS + ON_REQUEST)}")
     repeats = args.repeats or (2 if args.tiny else 5)
 
     _import_paths()
@@ -139,6 +149,7 @@ def main(argv=None) -> int:
         ),
         "shard": lambda: two_ranks.part("shard"),
         "megatron": lambda: two_ranks.part("megatron"),
+        "rollout": lambda: rollout(device, args.tiny, repeats),
     }
     started = time.perf_counter()
     failed = 0
@@ -166,6 +177,28 @@ def main(argv=None) -> int:
     say(f"\ngpu_check: {len(parts) + 1 - failed} of {len(parts) + 1} parts ok, "
         f"{time.perf_counter() - started:.0f} s")  # fmt: skip
     return 1 if failed else 0
+
+
+def rollout(device, tiny: bool, repeats: int) -> dict:
+    """(g) ``bench_rollout_topk.py`` on this device, in its own processes; its table to stderr."""
+    import importlib.util
+    import subprocess
+
+    from gpu.measure import say
+
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("vllm is not installed on this machine (its wheel cannot travel)")
+    size = ["--sizes", "tiny", "--prompts", "8", "--tokens", "8"] if tiny else ["--sizes", "small"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_rollout_topk.py"),
+         "--device", device.type, "--repeats", str(repeats), *size],
+        capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"bench_rollout_topk failed: {(done.stdout + done.stderr)[-2000:]}")
+    say("\n".join(lines[:-1]))
+    return json.loads(lines[-1])
 
 
 def _verls_flash_attn_branch():

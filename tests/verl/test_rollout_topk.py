@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections import namedtuple
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -19,7 +20,8 @@ from pdmask.backends.verl.layout import (
     packed_rows,
     sequence_rows,
 )
-from pdmask.backends.verl.vllm_topk import extract_decode_topk
+from pdmask.backends.verl.vllm_topk import extract_decode_topk, rows_from_arrays
+from pdmask.errors import BackendUnavailable
 
 # vLLM's Logprob as it arrives in RequestOutput.outputs[0].logprobs (one dict per generated token).
 Logprob = namedtuple("Logprob", "logprob rank decoded_token")
@@ -95,6 +97,122 @@ def test_server_shims_ask_vllm_for_k_and_store_the_topk_only_in_marked_requests(
     assert calls["original"] is None  # verl's own prompt-logprob extraction still ran
     assert marked[vllm_shims.TOPK_IDS_FIELD].tolist()[1] == [21, 22, 23, 42]
     assert marked["global_steps"] == 3
+
+
+# The same first three positions as vLLM's engine core sends them (LogprobsLists): column 0 the
+# sampled token, columns 1..K the top-K by rank; one (n, K+1) pair per engine step.
+STEP_IDS = np.array([[11, 11, 12, 13], [42, 21, 22, 23], [7, 7, 8, 9]], dtype=np.int32)
+STEP_LPS = np.array(
+    [[-0.2, -0.2, -2.0, -3.0], [-5.5, -0.4, -1.5, -2.5], [-0.01, -0.01, -np.inf, -np.inf]],
+    dtype=np.float32,
+)
+
+
+class _Lists(NamedTuple):  # vLLM's LogprobsLists fields, read by name
+    logprob_token_ids: np.ndarray
+    logprobs: np.ndarray
+    sampled_token_ranks: np.ndarray
+    cu_num_generated_tokens: list | None = None
+
+
+def test_rows_from_arrays_equal_the_rows_read_from_vllms_dicts():
+    steps = [(STEP_IDS[:2], STEP_LPS[:2]), (STEP_IDS[2:], STEP_LPS[2:])]
+    ids, lps = rows_from_arrays(TOKENS[:3], steps, K)
+    ref_ids, ref_lps = extract_decode_topk(TOKENS[:3], LOGPROBS[:3], K)
+    assert ids.dtype == np.int32 and lps.dtype == np.float32
+    np.testing.assert_array_equal(ids, ref_ids)
+    np.testing.assert_array_equal(lps, ref_lps)
+    # a generation longer than the rows: the missing row keeps only the sampled id, invalid
+    ids, lps = rows_from_arrays(TOKENS, steps, K)
+    assert ids[3].tolist() == [MISSING_ID] * K + [5] and (lps[3] == SENTINEL).all()
+    assert rows_from_arrays([3], [], K)[0].tolist() == [[MISSING_ID] * K + [3]]
+    with pytest.raises(ValueError, match="expected 2"):
+        rows_from_arrays(TOKENS[:3], steps, 2)
+
+
+def _front_end():
+    """vLLM's LogprobsProcessor as far as the patches read it: a dict per position of every
+    column it is handed (``append_logprobs_for_next_position``)."""
+
+    class Processor:
+        def __init__(self, num_logprobs):
+            self.num_logprobs, self.logprobs, self.seen = num_logprobs, [], []
+
+        @classmethod
+        def from_new_request(cls, tokenizer, request):
+            return cls(request.sampling_params.logprobs)
+
+        def _update_sample_logprobs(self, logprobs_lists):
+            self.seen.append(logprobs_lists.logprob_token_ids.shape[1])
+            for ids, lps in zip(
+                logprobs_lists.logprob_token_ids, logprobs_lists.logprobs, strict=True
+            ):
+                self.logprobs.append(
+                    {
+                        int(t): Logprob(float(v), r, "")
+                        for r, (t, v) in enumerate(zip(ids, lps, strict=True))
+                    }
+                )
+
+    class Params:
+        extra_args: dict | None
+
+    return Processor, Params
+
+
+def test_front_end_keeps_a_marked_requests_arrays_and_builds_only_the_sampled_dict():
+    processor_cls, params_cls = _front_end()
+    vllm_shims.install_front_end(processor_cls, _Lists, params_cls)
+    vllm_shims.install_front_end(processor_cls, _Lists, params_cls)  # idempotent
+
+    def request(extra_args):
+        return SimpleNamespace(sampling_params=SimpleNamespace(logprobs=K, extra_args=extra_args))
+
+    def run(processor):
+        for rows in (slice(0, 2), slice(2, 3)):
+            processor._update_sample_logprobs(_Lists(STEP_IDS[rows], STEP_LPS[rows], np.zeros(1)))
+        return processor
+
+    plain = run(processor_cls.from_new_request(None, request(None)))
+    assert plain.seen == [K + 1, K + 1] and not isinstance(plain.logprobs, vllm_shims.TopKRows)
+    marked = run(processor_cls.from_new_request(None, request({vllm_shims.ROWS_ARG: K})))
+    assert marked.seen == [1, 1], "vLLM builds the sampled token's dict only"
+    assert [list(d) for d in marked.logprobs] == [[11], [42], [7]]  # what verl reads
+    # through verl's extract_prompt_logprobs: the rows from the arrays
+    fake_module = SimpleNamespace(
+        SamplingParams=lambda **kw: kw, extract_prompt_logprobs=lambda output, n, result: None
+    )
+    vllm_shims.install(fake_module)
+    output = SimpleNamespace(
+        outputs=[SimpleNamespace(token_ids=TOKENS[:3], logprobs=marked.logprobs)]
+    )
+    token = vllm_shims.requested_topk.set(K)
+    try:
+        assert fake_module.SamplingParams(logprobs=0)["extra_args"] == {vllm_shims.ROWS_ARG: K}
+        from_dicts = vllm_shims.topk_from_dicts.set(True)
+        assert "extra_args" not in fake_module.SamplingParams(logprobs=0)  # the benchmark's before
+        vllm_shims.topk_from_dicts.reset(from_dicts)
+        extra = {}
+        fake_module.extract_prompt_logprobs(output, None, extra)
+    finally:
+        vllm_shims.requested_topk.reset(token)
+    np.testing.assert_array_equal(
+        extra[vllm_shims.TOPK_IDS_FIELD], extract_decode_topk(TOKENS[:3], LOGPROBS[:3], K)[0]
+    )
+
+
+def test_front_end_refuses_to_start_when_vllms_internals_moved():
+    processor_cls, params_cls = _front_end()
+
+    def update(self, lists, extra):  # a new signature: the arrays may no longer be what we read
+        pass
+
+    processor_cls._update_sample_logprobs = update
+    with pytest.raises(BackendUnavailable) as err:
+        vllm_shims.install_front_end(processor_cls, namedtuple("L", "ids lps"), object)
+    message = str(err.value)
+    assert "_update_sample_logprobs(self, logprobs_lists)" in message
+    assert "LogprobsLists(" in message and "SamplingParams.extra_args" in message
 
 
 def test_sequence_rows_put_response_tokens_at_row_p_minus_1_plus_j():

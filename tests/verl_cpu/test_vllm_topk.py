@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -149,3 +150,20 @@ def test_a_request_above_the_engine_cap_is_refused(probe):
     """max_logprobs = K serves K (+ the sampled token); K + 1 is refused: the start-up check
     requires max_logprobs >= K (checks.py)."""
     assert probe["over_cap"].startswith("refused"), probe["over_cap"]
+
+
+def test_the_arrays_path_equals_vllms_own_logprobs(probe):
+    """The same requests (same seed) on pdmask's arrays path: the rows equal those read from vLLM's
+    own Logprob dicts, bit for bit (the same float32 numbers, no arithmetic between), and vLLM
+    builds verl only the sampled token's dict, with slot K's value."""
+    assert len(probe["arrays"]) == len(probe["plain"]) > 0
+    for plain, fast in zip(probe["plain"], probe["arrays"], strict=True):
+        assert fast["token_ids"] == plain["token_ids"], "the same seed samples the same tokens"
+        ids, lps = extract_decode_topk(plain["token_ids"], _positions(plain["logprobs"]), K)
+        np.testing.assert_array_equal(np.array(fast["ids"], dtype=np.int32), ids)
+        np.testing.assert_array_equal(np.array(fast["logprobs"], dtype=np.float32), lps)
+        for j, (y, position) in enumerate(
+            zip(fast["token_ids"], fast["sampled_dicts"], strict=True)
+        ):
+            assert [tid for tid, _, _ in position] == [y]
+            assert np.float32(position[0][1]) == lps[j, K]

@@ -4,7 +4,9 @@
 to a core and keeps engine state for the life of the process. Records, for sampled completions
 of every task prompt at temperature 1 with ``logprobs=K``: prompt ids, generated ids and every
 returned ``(token id, log-prob, rank)``; the same under ``top_p=0.5``; and whether a request for
-more log-probs than the engine's cap (``max_logprobs=K``) is refused.
+more log-probs than the engine's cap (``max_logprobs=K``) is refused. Then, with pdmask's front-end
+patches installed (``vllm_shims.install_front_end``), the plain completions once more, marked: the
+``(G, K+1)`` rows pdmask takes from vLLM's arrays (``rows_from_arrays``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,33 @@ def _completions(outputs) -> list[dict]:
         for out in outputs
         for c in out.outputs
     ]
+
+
+def _arrays(llm, prompts, params, k: int) -> list[dict]:
+    """The same requests through pdmask's arrays path (same seed: the same samples)."""
+    from vllm import SamplingParams
+    from vllm.v1.engine.logprobs import LogprobsProcessor
+    from vllm.v1.outputs import LogprobsLists
+
+    from pdmask.backends.verl import vllm_shims
+    from pdmask.backends.verl.vllm_topk import rows_from_arrays
+
+    vllm_shims.install_front_end(LogprobsProcessor, LogprobsLists, SamplingParams)
+    marked = params.clone()
+    marked.extra_args = {vllm_shims.ROWS_ARG: k}
+    found = []
+    for out in llm.generate(prompts, marked, use_tqdm=False):
+        for c in out.outputs:
+            ids, lps = rows_from_arrays(c.token_ids, c.logprobs.steps, k)
+            found.append(
+                {
+                    "token_ids": list(c.token_ids),
+                    "sampled_dicts": [_entries(p) for p in c.logprobs],  # what verl reads
+                    "ids": ids.tolist(),
+                    "logprobs": lps.tolist(),
+                }
+            )
+    return found
 
 
 def main() -> int:
@@ -76,6 +105,7 @@ def main() -> int:
         "single": _completions(llm.generate(prompts, single, use_tqdm=False)),
         "top_p": _completions(llm.generate(prompts[:20], nucleus, use_tqdm=False)),
     }
+    record["arrays"] = _arrays(llm, prompts, plain, k)
     try:
         llm.generate(prompts[:1], SamplingParams(max_tokens=2, logprobs=k + 1), use_tqdm=False)
         record["over_cap"] = "accepted"

@@ -5,7 +5,7 @@ Imported only where a vLLM replica is created (the plugin registers ``_load_topk
 behaves like verl's, with three additions:
 
 - the decode-time top-K, when ``actor_rollout_ref.rollout.custom.pdm_topk`` is set and the request
-  asks for log-probs;
+  asks for log-probs, taken from vLLM's arrays in its front end (``vllm_shims``);
 - pdmask's worker extension (``vllm_worker.py``) in vLLM's workers instead of verl's: on CPU it
   keeps the linear weights loadable, so weight syncs work on every CPU's GEMM path;
 - ``engine_error()``: why its vLLM engine is dead (None while it lives), for the job's watchdog
@@ -18,6 +18,9 @@ from __future__ import annotations
 import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+from vllm.sampling_params import SamplingParams
+from vllm.v1.engine.logprobs import LogprobsProcessor
+from vllm.v1.outputs import LogprobsLists
 
 from pdmask.backends.verl import compat, vllm_shims
 from pdmask.backends.verl.vllm_worker import WORKER_EXTENSION
@@ -28,6 +31,7 @@ _missing = compat.vllm_server_missing_names()
 if _missing:
     raise BackendUnavailable("verl hooks used by pdmask are missing: " + ", ".join(_missing))
 vllm_shims.install(vllm_async_server)
+vllm_shims.install_front_end(LogprobsProcessor, LogprobsLists, SamplingParams)
 
 
 def topk_setting(config) -> int | None:

@@ -1,14 +1,23 @@
-"""The two small interceptions that make verl's vLLM server return the behaviour policy's top-K.
+"""The small interceptions that make verl's vLLM server return the behaviour policy's top-K.
 
 verl 0.9.1's ``vLLMHttpServer.generate`` hard-codes ``logprobs=0`` (only the sampled token's
 log-prob) and keeps nothing else from vLLM's output. Rather than copying that long method, pdmask
 wraps two names it looks up at call time in its module, active only inside a generate call that
 pdmask's server subclass marked (a context variable, so concurrent requests do not mix):
 
-- ``SamplingParams``: ``logprobs=0`` becomes ``logprobs=K``;
+- ``SamplingParams``: ``logprobs=0`` becomes ``logprobs=K``, and the request is marked (in
+  ``extra_args``, which travels with it) so that vLLM's front end keeps the top-K as arrays;
 - ``extract_prompt_logprobs`` (called with the finished ``RequestOutput`` and the request's
   ``extra_fields`` dict): additionally stores the decode-time top-K in ``extra_fields``, which
   verl passes to the agent loop untouched.
+
+vLLM's front end (``LogprobsProcessor``) would turn each generated token's K+1 log-probs into a
+dict of ``Logprob`` objects (~100 us per token at K = 20 on a CPU core, in the serving process).
+For a marked request two more wraps keep the engine core's ``(n, K+1)`` arrays per step instead
+and hand vLLM only the sampled token's column, so its per-token work is what ``logprobs=0``
+costs (verl still reads the sampled token's log-prob from that dict). Read in vLLM 0.24.0's wheel
+and 0.31's CPU build: ``from_new_request`` and ``_update_sample_logprobs`` are the same there;
+:func:`install_front_end` refuses to start if they moved.
 
 Pure: no vllm import here (the wrapped originals are passed in), so it is tested on CPU.
 """
@@ -16,16 +25,34 @@ Pure: no vllm import here (the wrapped originals are passed in), so it is tested
 from __future__ import annotations
 
 import contextvars
+import inspect
 from collections.abc import Callable
 
-from pdmask.backends.verl.vllm_topk import extract_decode_topk
+from pdmask.backends.verl.vllm_topk import extract_decode_topk, rows_from_arrays
+from pdmask.errors import BackendUnavailable
 
 TOPK_IDS_FIELD = "pdm_topk_ids"
 TOPK_LOGPROBS_FIELD = "pdm_topk_logprobs"
+# SamplingParams.extra_args key marking a request whose top-K the front end keeps as arrays
+ROWS_ARG = "pdm_topk_rows"
 
 requested_topk: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "pdmask_requested_topk", default=None
 )
+# Internal, for benchmarks/bench_rollout_topk.py's "before" only: True reads the top-K from
+# vLLM's Logprob dicts (extract_decode_topk), the rollout's path before issue 44.
+topk_from_dicts: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "pdmask_topk_from_dicts", default=False
+)
+
+
+class TopKRows(list):
+    """A marked request's sample log-probs in vLLM: the sampled token's dict per position (the
+    list vLLM fills, as at ``logprobs=0``) plus ``steps``, the engine core's arrays per step."""
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[tuple] = []
 
 
 def sampling_params_factory(original: Callable) -> Callable:
@@ -35,6 +62,8 @@ def sampling_params_factory(original: Callable) -> Callable:
         k = requested_topk.get()
         if k and kwargs.get("logprobs") == 0:
             kwargs["logprobs"] = k
+            if not topk_from_dicts.get():
+                kwargs["extra_args"] = {**(kwargs.get("extra_args") or {}), ROWS_ARG: k}
         return original(*args, **kwargs)
 
     make.pdmask_wrapped = original
@@ -49,7 +78,10 @@ def extract_with_topk(original: Callable) -> Callable:
         k = requested_topk.get()
         if k and output.outputs:
             completion = output.outputs[0]
-            ids, lps = extract_decode_topk(completion.token_ids, completion.logprobs, k)
+            if isinstance(completion.logprobs, TopKRows):
+                ids, lps = rows_from_arrays(completion.token_ids, completion.logprobs.steps, k)
+            else:
+                ids, lps = extract_decode_topk(completion.token_ids, completion.logprobs, k)
             result_dict[TOPK_IDS_FIELD] = ids
             result_dict[TOPK_LOGPROBS_FIELD] = lps
 
@@ -63,3 +95,57 @@ def install(module) -> None:
         module.SamplingParams = sampling_params_factory(module.SamplingParams)
     if not hasattr(module.extract_prompt_logprobs, "pdmask_wrapped"):
         module.extract_prompt_logprobs = extract_with_topk(module.extract_prompt_logprobs)
+
+
+def front_end_patches(from_new_request: Callable, update_sample_logprobs: Callable):
+    """Wrapped ``LogprobsProcessor.from_new_request`` and ``_update_sample_logprobs``: a marked
+    request's processor fills a :class:`TopKRows` and sees only the sampled token's column."""
+
+    def new_request(cls, tokenizer, request):
+        processor = from_new_request(tokenizer, request)
+        extra = request.sampling_params.extra_args or {}
+        if extra.get(ROWS_ARG) and processor.logprobs is not None:
+            processor.logprobs = TopKRows()
+            processor.num_logprobs = 0  # vLLM builds the sampled token's dict only
+        return processor
+
+    def update(self, logprobs_lists):
+        if isinstance(self.logprobs, TopKRows):
+            ids, lps = logprobs_lists.logprob_token_ids, logprobs_lists.logprobs
+            self.logprobs.steps.append((ids, lps))
+            logprobs_lists = logprobs_lists._replace(
+                logprob_token_ids=ids[:, :1], logprobs=lps[:, :1]
+            )
+        return update_sample_logprobs(self, logprobs_lists)
+
+    new_request.pdmask_wrapped = from_new_request
+    update.pdmask_wrapped = update_sample_logprobs
+    return classmethod(new_request), update
+
+
+def install_front_end(processor_cls, lists_cls, sampling_params_cls) -> None:
+    """Wrap vLLM's ``LogprobsProcessor`` (idempotent); refuses, naming each, if the internals this
+    relies on moved (a newer vLLM must be read again, not silently run on the dict path)."""
+    if hasattr(processor_cls._update_sample_logprobs, "pdmask_wrapped"):
+        return
+    moved = []
+    if list(inspect.signature(processor_cls.from_new_request).parameters) != [
+        "tokenizer",
+        "request",
+    ]:
+        moved.append("LogprobsProcessor.from_new_request(tokenizer, request)")
+    update = getattr(processor_cls, "_update_sample_logprobs", None)
+    if update is None or list(inspect.signature(update).parameters) != ["self", "logprobs_lists"]:
+        moved.append("LogprobsProcessor._update_sample_logprobs(self, logprobs_lists)")
+    fields = set(getattr(lists_cls, "_fields", ()))
+    if not {"logprob_token_ids", "logprobs", "sampled_token_ranks"} <= fields:
+        moved.append("LogprobsLists(logprob_token_ids, logprobs, sampled_token_ranks)")
+    if "extra_args" not in getattr(sampling_params_cls, "__annotations__", {}):
+        moved.append("SamplingParams.extra_args")
+    if moved:
+        raise BackendUnavailable(
+            "vLLM's front end moved; pdmask's top-K arrays rely on: " + ", ".join(moved)
+        )
+    new_request, wrapped_update = front_end_patches(processor_cls.from_new_request, update)
+    processor_cls.from_new_request = new_request
+    processor_cls._update_sample_logprobs = wrapped_update
