@@ -100,7 +100,7 @@ def test_the_fused_statistics_reject_an_id_beyond_the_logits(interpreted_cases):
 
 def test_the_fused_kernels_compile_for_hopper():
     code = (
-        "import json; from pdmask.trust_region.triton_pass import compile_for; "
+        "import json; from pdmask.trust_region.triton_stats import compile_for; "
         "print(json.dumps(compile_for(90)))"
     )
     proc = _python(["-c", code], interpret=False)

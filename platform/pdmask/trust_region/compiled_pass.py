@@ -44,7 +44,7 @@ MIN_VOCAB = 2**15
 NAME = "compiled"  # how benchmarks and reports name the pass these kernels make
 # No kernel of its own for the statistics: on a CPU the [N, K] arithmetic is torch ops on the
 # pass's outputs (``stats``), a few percent of the pass (benchmarks/README.md).
-fused_statistics = None
+FUSED_STATISTICS = False
 
 _failure: str | None = None  # why the kernels cannot be built in this process, once known
 

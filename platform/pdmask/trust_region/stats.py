@@ -204,10 +204,11 @@ def compute_token_stats(
     # On a GPU the kernels compute the statistics themselves (the kernel reads mu's log-probs in
     # their own dtype); elsewhere the torch ops below, on the pass's outputs.
     kernels = logits_pass.fused_kernels(flat_logits, chunk_size)
-    fused = None if kernels is None or shard is not None else kernels.fused_statistics
-    if fused is not None and support == "union":
+    if kernels is not None and kernels.FUSED_STATISTICS and shard is None and support == "union":
+        from .triton_stats import fused_token_stats
+
         return _fused_stats(
-            fused, flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1),
+            fused_token_stats, flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1),
             vocab, batch_shape, inputs,
         )  # fmt: skip
     mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)

@@ -43,6 +43,9 @@ import triton
 import triton.language as tl
 
 NAME = "fused"  # how benchmarks and reports name the pass these kernels make
+# ``triton_stats`` computes every per-token statistic with this module's sweep and backward (it
+# imports this module, never the other way round); ``stats.compute_token_stats`` asks this.
+FUSED_STATISTICS = True
 BLOCK = 2048  # columns per step: 8 per thread at 8 warps
 WARPS = 8
 BACKWARD_BLOCK = 4096
@@ -260,14 +263,6 @@ def backward(
     return grad
 
 
-def fused_statistics(logits, sampled, top_ids, top_lp, mu_k, **flags):
-    """Every per-token statistic from one forward and one backward kernel
-    (``triton_stats.fused_token_stats``): what ``stats.compute_token_stats`` runs on a GPU."""
-    from .triton_stats import fused_token_stats
-
-    return fused_token_stats(logits, sampled, top_ids, top_lp, mu_k, **flags)
-
-
 def sampled_backward(logits, sampled, lse, grad_logp):
     """``backward`` when only ``log pi(y)`` has a gradient: ``g (e_y - pi)``."""
     return backward(logits, sampled, None, lse, None, None, grad_logp, None, None, None)
@@ -325,12 +320,8 @@ def compile_kernels(
 
 
 def compile_for(arch: int = 90) -> dict[str, list[str]]:
-    """This module's two kernels and ``triton_stats``'s through ``compile_kernels``."""
-    from . import triton_stats
-
-    kernels = {name: (globals()[name], *spec) for name, spec in _SIGNATURES.items()}
-    kernels |= {
-        name: (getattr(triton_stats, name), *spec)
-        for name, spec in triton_stats._SIGNATURES.items()
-    }
-    return compile_kernels(kernels, arch)
+    """This module's two kernels through ``compile_kernels`` (``triton_stats.compile_for`` adds
+    its own)."""
+    return compile_kernels(
+        {name: (globals()[name], *spec) for name, spec in _SIGNATURES.items()}, arch
+    )

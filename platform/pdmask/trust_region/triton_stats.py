@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_pass
 from .support import SENTINEL_THRESHOLD
 from .triton_pass import BLOCK, WARPS, _m_pad, _row_sums
 
@@ -301,4 +302,14 @@ _SIGNATURES = {
         {"BLOCK": BLOCK, "M_PAD": 32, "SENTINEL": SENTINEL_THRESHOLD, "CUBE": True, "ENTROPY": True},
     ),
 }  # fmt: skip
-"""Argument types as Triton's compiler takes them, for ``triton_pass.compile_for``."""
+"""Argument types as Triton's compiler takes them, for ``compile_for``."""
+
+
+def compile_for(arch: int = 90) -> dict[str, list[str]]:
+    """The pass's two kernels and this module's through ``triton_pass.compile_kernels``: what a
+    GPU of ``arch`` runs for ``compute_token_stats``."""
+    kernels = {name: (globals()[name], *spec) for name, spec in _SIGNATURES.items()}
+    kernels |= {
+        name: (getattr(triton_pass, name), *spec) for name, spec in triton_pass._SIGNATURES.items()
+    }
+    return triton_pass.compile_kernels(kernels, arch)

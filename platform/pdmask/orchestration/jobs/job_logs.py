@@ -60,7 +60,7 @@ class JobLogs:
 
     def finish(self, trial, view: JobView, run_id: str | None) -> tuple[str | None, Path | None]:
         """The ended job's whole driver log (None when the cluster cannot give it now) and the
-        trial's log it is in (None when nothing was written): what was not yet copied is
+        trial's log it is in (None when nothing of it was written): what was not yet copied is
         appended, with a line naming how the job ended.
 
         Raises:
@@ -70,8 +70,8 @@ class JobLogs:
         self._next.pop(sid, None)
         copied = self._copied.pop(sid, None)
         text = self.cluster.driver_log(sid)
-        if text is None:
-            return None, None
+        if text is None:  # what was followed is still the trial's (and goes with its run)
+            return None, (None if copied is None else self._path(trial))
         path, ended = self._path(trial), f"Ray job {sid} {view.status}, fetched {_now()}"
         if copied is None:
             trial_logs.append(path, self._header(trial, sid, run_id, ended), redact(text))
