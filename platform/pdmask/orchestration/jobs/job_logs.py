@@ -58,10 +58,10 @@ class JobLogs:
             return
         self._copied[sid] = len(lines)
 
-    def finish(self, trial, view: JobView, run_id: str | None) -> tuple[str | None, Path | None]:
-        """The ended job's whole driver log (None when the cluster cannot give it now) and the
-        trial's log it is in (None when nothing of it was written): what was not yet copied is
-        appended, with a line naming how the job ended.
+    def finish(self, trial, view: JobView, run_id: str | None, text: str | None) -> Path | None:
+        """The trial's log holding the ended job's driver log ``text`` (None: the cluster could
+        not give it now), with what was not yet copied appended and a line naming how the job
+        ended; None when nothing of the job's log was written.
 
         Raises:
             OSError: the trial's log cannot be written.
@@ -69,9 +69,8 @@ class JobLogs:
         sid = view.submission_id
         self._next.pop(sid, None)
         copied = self._copied.pop(sid, None)
-        text = self.cluster.driver_log(sid)
         if text is None:  # what was followed is still the trial's (and goes with its run)
-            return None, (None if copied is None else self._path(trial))
+            return None if copied is None else self._path(trial)
         path, ended = self._path(trial), f"Ray job {sid} {view.status}, fetched {_now()}"
         if copied is None:
             trial_logs.append(path, self._header(trial, sid, run_id, ended), redact(text))
@@ -79,7 +78,7 @@ class JobLogs:
             rest = redact(text)[copied:]
             trial_logs.extend(path, rest + ("" if rest.endswith("\n") or not rest else "\n"))
             trial_logs.extend(path, f"=== pdm: {ended} ===\n")
-        return text, path
+        return path
 
     def _path(self, trial) -> Path:
         return trial_logs.log_path(self.sweep, trial.run_name(), trial.trial_hash)

@@ -300,13 +300,14 @@ class JobRunner:
 
         if self.cluster is None:  # settling from MLflow alone (no cluster to ask)
             return None
+        text = self.cluster.driver_log(view.submission_id)
         try:
-            text, path = self.logs.finish(job.trial, view, job.run_id)
+            path = self.logs.finish(job.trial, view, job.run_id, text)
         except OSError as err:
             self.console.print(
                 f"[yellow]could not keep the log of {view.submission_id}: {err}[/yellow]"
             )
-            return self.cluster.driver_log(view.submission_id)
+            return text
         if job.run_id and path is not None:
             trial_logs.upload(self.client, job.run_id, path)
         return text
