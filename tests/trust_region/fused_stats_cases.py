@@ -209,14 +209,23 @@ def launches(seed: int, n: int, vocab: int, k: int, dtype, inputs) -> dict:
     return {"inputs": sorted(inputs), "counts": counts, "grad": x.grad is not None}
 
 
-def out_of_range_error(vocab: int = 300) -> str:
-    """The fused path's answer to an id at the logits' width (``build_support``'s error, by an
-    asynchronous device assert: on CPU it raises at once)."""
+def beyond_the_logits(vocab: int = 300) -> dict:
+    """The fused path's reading of an id at the logits' width: an invalid slot, never an index
+    (``support.check_topk_ids`` refuses it where the ids enter). The largest difference between
+    the statistics with that id and with the slot marked missing (id -1), and whether either run
+    produced a NaN."""
     case = make_case(4, n=3, vocab=vocab, k=5)
-    case.topk_ids[1, 2] = vocab
     z = case.logits.to(torch.bfloat16)
-    try:
-        compute_token_stats(z, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp.float())
-    except RuntimeError as err:
-        return str(err)
-    return ""
+    args = (case.topk_logp, case.mu_logp.float())
+    beyond, missing = case.topk_ids.clone(), case.topk_ids.clone()
+    beyond[1, 2], missing[1, 2] = vocab, -1
+    read = compute_token_stats(z, case.sampled, beyond, *args).tensors()
+    marked = compute_token_stats(z, case.sampled, missing, *args).tensors()
+    return {
+        "largest_difference": max(
+            float((read[name].double() - marked[name].double()).abs().nan_to_num(0).max())
+            for name in read
+        ),
+        "nan": any(bool(t.isnan().any()) for t in [*read.values(), *marked.values()]),
+        "fields": len(read),
+    }

@@ -21,8 +21,8 @@ import torch  # noqa: E402
 from fused_cases import case, second_order_case  # noqa: E402
 from fused_stats_cases import (  # noqa: E402
     EVERY_INPUT,
+    beyond_the_logits,
     launches,
-    out_of_range_error,
     stats_case,
 )
 
@@ -66,7 +66,7 @@ def main() -> int:
     ]
     counted = [launches(1, 4, 300, 5, bf16, ()), launches(2, 4, 300, 5, bf16, EVERY_INPUT)]
     results = {"cases": cases, "second_order": second, "stats": stats, "launches": counted}
-    print(json.dumps(results | {"out_of_range_error": out_of_range_error()}))
+    print(json.dumps(results | {"beyond_the_logits": beyond_the_logits()}))
     return 0
 
 

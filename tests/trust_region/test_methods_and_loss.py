@@ -245,6 +245,45 @@ def test_diagnostics_count_disagreements():
     assert 0 < d["out_of_region_frac"] <= 1
 
 
+def test_diagnostics_are_float64_means_read_back_once(monkeypatch):
+    """Every diagnostic is its brute-force float64 mean over its tokens (0 over none: no negative
+    advantage here), and the whole dict costs one read back to the host (on a GPU, each read
+    waits for the device)."""
+    case = make_case(9, n=120, vocab=60, k=5)
+    stats = compute_token_stats(
+        case.logits, case.sampled, case.topk_ids, case.topk_logp, case.mu_logp
+    )
+    adv = case.advantages.abs()
+    valid = torch.arange(120) % 7 != 0
+    mask = mask_of("pdm-agg", stats, adv, delta=0.05)
+    reads = []
+    for name in ("item", "tolist", "cpu", "numpy", "__float__", "__bool__", "__int__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _name=name, _original=original, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    d = diagnostics(stats, adv, mask, valid, delta=0.05)
+    monkeypatch.undo()
+    assert reads == ["tolist"]
+
+    def mean(values, where):
+        return sum(float(v) for v, w in zip(values.double(), where, strict=True) if w) / max(
+            int(where.sum()), 1
+        )
+
+    kl = stats.kl_topk.double()
+    assert d["masked_frac_neg_adv"] == 0.0
+    assert math.isclose(d["masked_frac"], mean(mask, valid), rel_tol=1e-12)
+    assert math.isclose(d["masked_frac_pos_adv"], mean(mask, valid & (adv > 0)), rel_tol=1e-12)
+    assert math.isclose(d["kl_topk_mean"], mean(kl, valid), rel_tol=1e-12)
+    out = (kl > 0.05) & (adv != 0)
+    assert math.isclose(d["out_of_region_frac"], mean(out, valid), rel_tol=1e-12)
+    assert len(d) == 17 and all(isinstance(v, float) for v in d.values())
+
+
 def test_no_float32_copy_of_the_logits():
     """Peak single allocation stays below one [N, V] float32 copy (bf16 logits, N*V*4 bytes)."""
     from torch.profiler import ProfilerActivity, profile

@@ -81,21 +81,21 @@ def test_every_statistic_from_the_fused_kernel_equals_float64(interpreted_cases)
 
 
 def test_the_fused_statistics_take_one_kernel_each_way_and_read_nothing_back(interpreted_cases):
-    """Per direction: one Triton launch; the only torch ops are the forward's asynchronous
-    range check of mu's ids (a compare, a reduction, a device assert: no read back); every
+    """Per direction: one Triton launch and no torch op that launches a kernel; every
     ``item``/``bool``/``tolist``/``cpu``/``numpy`` inside the pass raised (none did)."""
-    check = ["lt.Scalar", "all.default", "_assert_async.msg"]
     for run in interpreted_cases["launches"]:
         counts = run["counts"]
-        assert counts["forward"] == {"triton": ["_token_stats"], "torch": check}, run
+        assert counts["forward"] == {"triton": ["_token_stats"], "torch": []}, run
         assert counts["backward"] == {"triton": ["_backward"], "torch": []}, run
         assert run["grad"], run
 
 
-def test_the_fused_statistics_reject_an_id_beyond_the_logits(interpreted_cases):
-    assert (
-        "mu_topk_ids holds ids >= the logits width (300)" in interpreted_cases["out_of_range_error"]
-    )
+def test_the_fused_statistics_read_an_id_beyond_the_logits_as_a_missing_slot(interpreted_cases):
+    """The statistics are those of the slot marked missing (id -1), none NaN; such an id is
+    refused where it enters, before the loss (``test_rollout_topk.py``)."""
+    beyond = interpreted_cases["beyond_the_logits"]
+    assert beyond["fields"] > 10 and not beyond["nan"], beyond
+    assert beyond["largest_difference"] == 0.0, beyond
 
 
 def test_the_fused_kernels_compile_for_hopper():

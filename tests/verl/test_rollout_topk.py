@@ -17,6 +17,7 @@ from pdmask.backends.verl.layout import (
     SENTINEL,
     TOPK_IDS,
     TOPK_LOGPROBS,
+    check_batch_ids,
     packed_rows,
     sequence_rows,
 )
@@ -259,6 +260,38 @@ def test_packed_rows_fix_verl_padding_samples_and_refuse_real_misalignment():
     td["response_mask"] = nested([torch.ones(2, dtype=torch.long), torch.ones(1, dtype=torch.long)])
     with pytest.raises(ValueError, match="sample 1"):
         packed_rows(td, K)
+
+
+def test_an_id_beyond_the_vocabulary_is_refused_before_the_loss():
+    """The worker's check of a step's batch (``update_actor``), on verl's jagged fields: the
+    fused GPU pass would read such an id as a missing slot and say nothing."""
+    pytest.importorskip("verl")
+    from verl.utils import tensordict_utils as tu
+
+    ids, lps, _ = sequence_rows(
+        2, [11, 42], [-0.2, -5.5], *extract_decode_topk(TOKENS[:2], LOGPROBS[:2], K)
+    )
+    largest = int(ids.max())
+
+    def batch(sample_ids):
+        fields = {TOPK_IDS: sample_ids, TOPK_LOGPROBS: [lps, lps]}
+        return tu.get_tensordict(
+            {
+                key: torch.nested.as_nested_tensor(v, layout=torch.jagged)
+                for key, v in fields.items()
+            }
+        )
+
+    check_batch_ids(batch([ids, ids]), largest + 1)  # the largest id inside the width passes
+    check_batch_ids(tu.get_tensordict({"input_ids": torch.zeros(2, 3)}), 1)  # no top-K: nothing
+    beyond = ids.clone()
+    beyond[3, 0] = largest + 1
+    with pytest.raises(ValueError) as err:
+        check_batch_ids(batch([ids, beyond]), largest + 1)
+    assert str(err.value) == (
+        f"{TOPK_IDS}: mu_topk_ids holds ids >= the logits width ({largest + 1}): "
+        f"the largest is {largest + 1}"
+    )
 
 
 def test_agent_loop_output_carries_the_topk_as_sample_fields():

@@ -21,11 +21,19 @@ DISAGREEMENTS = (
 )
 
 
-def _mean(values: torch.Tensor, where: torch.Tensor) -> float:
-    count = where.sum()
-    if count == 0:
-        return 0.0
-    return float(torch.where(where, values.to(torch.float64), 0.0).sum() / count)
+def _means(columns: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """Each ``name: (values, where)`` averaged over ``where`` in float64 (0 over no token), read
+    back to the host in one copy: a read per metric would make the GPU wait for the host once per
+    metric, inside the loss."""
+    sums = torch.stack(
+        [
+            torch.where(where, values.to(torch.float64), 0.0).sum()
+            for values, where in columns.values()
+        ]
+    )
+    counts = torch.stack([where.sum() for _, where in columns.values()]).to(torch.float64)
+    means = torch.where(counts > 0, sums / counts.clamp(min=1), 0.0)
+    return dict(zip(columns, means.tolist(), strict=True))
 
 
 @torch.no_grad()
@@ -40,24 +48,25 @@ def diagnostics(
     """Means over valid response tokens. ``delta`` enables the out-of-region/disagreement metrics."""
     valid = torch.ones_like(mask) if valid is None else valid.bool()
     adv = advantages.to(stats.ratio.dtype)
-    out = {
-        "masked_frac": _mean(mask.float(), valid),
-        "masked_frac_pos_adv": _mean(mask.float(), valid & (adv > 0)),
-        "masked_frac_neg_adv": _mean(mask.float(), valid & (adv < 0)),
-        "kl_topk_mean": _mean(stats.kl_topk, valid),
-        "tv_topk_mean": _mean(stats.tv_topk, valid),
-        "kl_binary_mean": _mean(stats.kl_binary, valid),
-        "ratio_mean": _mean(stats.ratio, valid),
-        "mu_topk_mass": _mean(stats.mu_topk_mass, valid),
-        "pi_topk_mass": _mean(stats.pi_topk_mass, valid),
-        "global_term_mean": _mean(stats.global_agg, valid),
-        "global_term_abs_mean": _mean(stats.global_agg.abs(), valid),
-        "local_term_abs_mean": _mean(stats.local_term.abs(), valid),
+    masked = mask.float()
+    columns = {
+        "masked_frac": (masked, valid),
+        "masked_frac_pos_adv": (masked, valid & (adv > 0)),
+        "masked_frac_neg_adv": (masked, valid & (adv < 0)),
+        "kl_topk_mean": (stats.kl_topk, valid),
+        "tv_topk_mean": (stats.tv_topk, valid),
+        "kl_binary_mean": (stats.kl_binary, valid),
+        "ratio_mean": (stats.ratio, valid),
+        "mu_topk_mass": (stats.mu_topk_mass, valid),
+        "pi_topk_mass": (stats.pi_topk_mass, valid),
+        "global_term_mean": (stats.global_agg, valid),
+        "global_term_abs_mean": (stats.global_agg.abs(), valid),
+        "local_term_abs_mean": (stats.local_term.abs(), valid),
     }
     if delta is not None:
-        out["out_of_region_frac"] = _mean(((stats.kl_topk > delta) & (adv != 0)).float(), valid)
+        columns["out_of_region_frac"] = (((stats.kl_topk > delta) & (adv != 0)).float(), valid)
         for name, proximity, direction in DISAGREEMENTS:
             predictive = composed_mask(proximity, direction, stats, adv, delta=delta)
             ratio = composed_mask(proximity, "ratio", stats, adv, delta=delta)
-            out[f"disagree_{name}"] = _mean((predictive != ratio).float(), valid)
-    return out
+            columns[f"disagree_{name}"] = ((predictive != ratio).float(), valid)
+    return _means(columns)

@@ -171,6 +171,10 @@ def compute_token_stats(
     (a recipe's ``needs``; other names are ignored). ``shard``: ``logits`` are this rank's
     columns of a vocabulary split over a tensor-parallel group (``vocab_parallel``); the ids are
     global, and every statistic is the full vocabulary's, the same on every rank of the group.
+    An id at or beyond the logits' width raises ``ValueError`` on the chunked pass; the fused GPU
+    kernels never read it and treat it as an invalid slot, so a caller on a GPU checks the ids
+    where they enter (:func:`~pdmask.trust_region.support.check_topk_ids`, as the VeRL worker
+    does once per step) rather than inside the pass.
 
     Second order (``inputs`` has :data:`SECOND_ORDER`): along ``v = e_k - pi``,
     ``E_pi[v] = pi_k - sum pi^2`` and ``E_pi[v^2] = pi_k - 2 pi_k^2 + sum pi^3``. The tail's sums
@@ -343,14 +347,12 @@ def compute_token_stats(
 
 def _fused_stats(fused, logits, sampled, topk_ids, topk_lp, mu_k, vocab, batch_shape, inputs):
     """``compute_token_stats`` by the kernels' own statistics (``fused``: one kernel forward,
-    one backward, nothing read back to the host; ``triton_stats``)."""
+    one backward, nothing read back to the host; ``triton_stats``). An id at or beyond the
+    logits' width is an invalid slot here: ``support.check_topk_ids`` runs where the ids enter
+    (the VeRL worker, once per step), not inside the pass."""
     if topk_ids is not None and topk_ids.shape[-1] > 0:
         if topk_lp is None or topk_lp.shape != topk_ids.shape:
             raise ValueError("mu_topk_logprobs must be given with the same shape as mu_topk_ids")
-        # build_support's check, asserted on the device: it reads nothing back
-        torch._assert_async(
-            (topk_ids < vocab).all(), f"mu_topk_ids holds ids >= the logits width ({vocab})"
-        )
     else:
         topk_ids = topk_lp = None
     out = fused(

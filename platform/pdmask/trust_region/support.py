@@ -21,6 +21,26 @@ SENTINEL_THRESHOLD = -1e3
 SupportMode = Literal["union", "overwrite"]
 
 
+def check_topk_ids(topk_ids: torch.Tensor, vocab_size: int) -> None:
+    """Refuse mu's top-K ids at or beyond the logits' width (a negative id is a missing slot).
+
+    The one range rule, applied where the ids enter: ``build_support`` (the chunked pass) and
+    the VeRL worker once per step, on the host, before the batch reaches the loss. The fused
+    kernels read such an id as an invalid slot and never index with it, so the check does not
+    have to run inside their pass (it would read back to the host or add launches there).
+
+    Raises:
+        ValueError: naming the largest id and the width.
+    """
+    if topk_ids.numel() == 0:
+        return
+    largest = int(topk_ids.max())
+    if largest >= vocab_size:
+        raise ValueError(
+            f"mu_topk_ids holds ids >= the logits width ({vocab_size}): the largest is {largest}"
+        )
+
+
 @dataclass
 class Support:
     ids: torch.Tensor  # [N, K+1] vocabulary ids (invalid slots hold the sampled id)
@@ -61,8 +81,7 @@ def build_support(
     if topk_logp is None or topk_logp.shape != topk_ids.shape:
         raise ValueError("mu_topk_logprobs must be given with the same shape as mu_topk_ids")
     ids = topk_ids.long()
-    if bool((ids >= vocab_size).any()):
-        raise ValueError(f"mu_topk_ids holds ids >= the logits width ({vocab_size})")
+    check_topk_ids(ids, vocab_size)
     lp = topk_logp.to(dtype)
     valid = (ids >= 0) & torch.isfinite(lp) & (lp > SENTINEL_THRESHOLD)
     # De-duplicate: a slot repeating an id of an earlier valid slot is dropped.

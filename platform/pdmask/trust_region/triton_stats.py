@@ -16,8 +16,8 @@ buffer in the order the kernel writes them.
 
 What it does not serve (``stats`` runs the pass and torch ops there): ``support="overwrite"``,
 vocabulary-parallel shards, float64 logits and an explicit chunk size. An id at or beyond the
-logits' width is an invalid slot here (never read); ``compute_token_stats`` rejects it with an
-asynchronous device assert, which reads nothing back.
+logits' width is an invalid slot here (never read); ``support.check_topk_ids`` refuses it where
+the ids enter the batch, on the host, so that the pass stays one launch each way.
 """
 
 from __future__ import annotations

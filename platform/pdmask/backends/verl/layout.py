@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from pdmask.trust_region import SENTINEL_THRESHOLD
+from pdmask.trust_region.support import check_topk_ids
 
 TOPK_IDS = "pdm_mu_topk_ids"
 TOPK_LOGPROBS = "pdm_mu_topk_logprobs"
@@ -80,6 +81,23 @@ def sequence_rows(
     ids[rows][:, k] = response
     lps[rows][:, k] = torch.as_tensor(response_logprobs, dtype=torch.float32)
     return ids, lps, int(r - n + (~aligned).sum())
+
+
+def check_batch_ids(data, vocab_size: int) -> None:
+    """The step's top-K ids (rollout or old-policy pass) against the trainer's vocabulary, once,
+    before the batch reaches the loss: the fused GPU pass reads an id beyond the logits as an
+    invalid slot and does not check (a check inside it would read back to the host).
+
+    Raises:
+        ValueError: naming the field, the largest id and the width.
+    """
+    if TOPK_IDS not in data:
+        return
+    ids = data[TOPK_IDS]
+    try:
+        check_topk_ids(ids.values() if ids.is_nested else ids, vocab_size)
+    except ValueError as err:
+        raise ValueError(f"{TOPK_IDS}: {err}") from None
 
 
 def packed_rows(data, k: int) -> tuple[torch.Tensor, torch.Tensor]:

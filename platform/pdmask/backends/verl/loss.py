@@ -228,10 +228,16 @@ def masked_policy_loss(
     loss = agg_loss(token_loss, response_mask, loss_agg_mode, **config.global_batch_info)
     valid = response_mask.bool()
     n_valid = valid.sum().clamp_min(1)
+    clipfrac, ppo_kl = torch.stack(  # one read back to the host for both
+        [
+            (mask & valid).sum() / n_valid,
+            torch.where(valid, old_log_prob - log_prob, 0.0).sum() / n_valid,
+        ]
+    ).tolist()
     metrics = {
         # verl's names, so its dashboards show the masked share and the mismatch as for any loss.
-        "actor/pg_clipfrac": ((mask & valid).sum() / n_valid).item(),
-        "actor/ppo_kl": (torch.where(valid, old_log_prob - log_prob, 0.0).sum() / n_valid).item(),
+        "actor/pg_clipfrac": clipfrac,
+        "actor/ppo_kl": ppo_kl,
         # The recipe's own scalars (RecipeBatch.report), averaged over micro-batches by verl.
         **{RECIPE_METRIC_PREFIX + k: v for k, v in out.batch.reported.items()},
     }

@@ -53,8 +53,8 @@ def diagnostic_metrics(
     valid = valid.bool()
     # Tokens whose support is only {y_t}: the behaviour top-K was missing or misaligned.
     missing = (stats.support_size <= 1) & valid
-    values["topk_missing_frac"] = float(missing.sum()) / max(int(valid.sum()), 1)
-    n_valid = int(valid.sum())
+    n_missing, n_valid = torch.stack([missing.sum(), valid.sum()]).tolist()  # one read back
+    values["topk_missing_frac"] = n_missing / max(n_valid, 1)
     out = {}
     for name, value in values.items():
         if batch_num_tokens is not None and name not in SUBPOPULATION_MEANS:

@@ -6,7 +6,8 @@ as upstream; pdmask only adds the policy's entropy to their metrics):
 - ``init_model`` replaces the actor's ``ppo_loss`` by ``pdm_ppo_loss`` (same actor config), which
   runs verl's own losses through ``ppo_loss`` unchanged;
 - ``update_actor`` sets ``distillation_use_topk`` on the batch so verl's FSDP engine calls the
-  loss function on the logits (the flag's name is verl's; no distillation happens), and keeps
+  loss function on the logits (the flag's name is verl's; no distillation happens), checks the
+  step's top-K ids against the model's vocabulary once (``layout.check_batch_ids``), and keeps
   ``actor/entropy`` of the step's first mini-batch (``metrics.keep_first_update``);
 - ``compute_log_prob`` during the old-policy pass (``pdm_mu_source=recompute``) also asks for the
   hook and turns its per-slot outputs into the ``pdm_mu_topk_*`` fields, which verl's transfer
@@ -26,7 +27,7 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine_workers import ActorRolloutRefWorker
 
 from pdmask.backends.verl import compat, cpu_platform
-from pdmask.backends.verl.layout import TOPK_IDS, TOPK_LOGPROBS, stack_old_slots
+from pdmask.backends.verl.layout import TOPK_IDS, TOPK_LOGPROBS, check_batch_ids, stack_old_slots
 from pdmask.backends.verl.loss import LossSettings, pdm_ppo_loss
 from pdmask.backends.verl.metrics import keep_first_update
 from pdmask.backends.verl.processor import OLD_PHASE, PHASE_KEY, phase
@@ -78,6 +79,7 @@ class PDMActorRolloutRefWorker(ActorRolloutRefWorker):
             )
         if not self.pdm_hook:
             return super().update_actor(data)
+        check_batch_ids(data, self.actor.model_config.hf_config.vocab_size)
         tu.assign_non_tensor_data(data, HOOK_FLAG, True)
         output = super().update_actor(data)
         if output is not None:  # the ranks that hold the metrics
