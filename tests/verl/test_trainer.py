@@ -77,14 +77,18 @@ def test_worker_methods_keep_verls_dispatch(method):
         assert ours["dispatch_mode"] == base["dispatch_mode"]
 
 
+@pytest.mark.parametrize("damaged", [False, True])
 def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(
-    composer, carry, tmp_path, monkeypatch
+    composer, carry, tmp_path, monkeypatch, damaged
 ):
     """verl's v1 trainer loads the checkpoint in init() and logs the config as MLflow params in
     fit(): a retry that resumes from an older checkpoint than verl would pick must not change the
     logged config, or MLflow refuses the params and verl trains without it (seen in CI: the
-    engine-killed trial's retry died with "verl's MLflow backend did not start")."""
+    engine-killed trial's retry died with "verl's MLflow backend did not start"). ``damaged``:
+    step 2 was logged as well, but its shard lost its tail: verl's choice would fail to load in
+    every attempt, so the retry moves it aside and resumes from step 1 all the same."""
     import mlflow
+    import torch
     from verl.utils.tracking import Tracking
 
     from pdmask.backends.verl import tracking
@@ -123,9 +127,15 @@ def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(
     try:
         first = verl_tracking()  # attempt 1: params logged, step 1 logged, died in step 2
         first.log({tracking.STEP_METRIC: 1.0}, step=1)
+        if damaged:
+            first.log({tracking.STEP_METRIC: 2.0}, step=2)
         attempt_failed(run_id, monkeypatch)
         for step in (1, 2):
             (checkpoints / f"global_step_{step}" / "actor").mkdir(parents=True)
+            shard = checkpoints / f"global_step_{step}" / "actor" / "model_world_size_1_rank_0.pt"
+            torch.save({"w": torch.ones(64)}, shard)
+        if damaged:
+            shard.write_bytes(shard.read_bytes()[:-100])
         (checkpoints / "latest_checkpointed_iteration.txt").write_text("2")
 
         retry = PDMTrainerSync.__new__(PDMTrainerSync)  # only what _load_checkpoint reads
@@ -141,6 +151,14 @@ def test_a_resumed_retry_logs_the_first_attempts_params_into_its_run(
         tracking.start_of_training(config, second)
         tags = client.get_run(run_id).data.tags
         assert tags["pdm.verl.resumed_from"] == str(checkpoints / "global_step_1")
+        set_aside = tags.get("pdm.verl.checkpoint_set_aside", "")
+        assert (
+            set_aside.startswith(
+                "checkpoint global_step_2 damaged (actor/model_world_size_1_rank_0.pt: "
+            )
+            == damaged
+        ), set_aside
+        assert (checkpoints / "global_step_2").exists() != damaged
     finally:
         while mlflow.active_run():
             mlflow.end_run()

@@ -80,18 +80,21 @@ class PDMTrainerSync(PPOTrainerSync):
 
     def _load_checkpoint(self):
         trainer = self.config.trainer
-        if line := resume.set_aside_unreadable_tracker(trainer.default_local_dir):
-            print(f"pdmask: {line}", flush=True)
-            tracking.tag_run({"pdm.verl.checkpoint_set_aside": line})
-        # Only verl's own choice is refined; an unknown last step (no run, store unreadable) keeps it.
-        if trainer.resume_mode != "auto" or (last := tracking.last_logged_step()) is None:
+        tracker = resume.set_aside_unreadable_tracker(trainer.default_local_dir)
+        point = resume.ResumePoint(None)
+        if trainer.resume_mode == "auto":  # only verl's own choice is refined
+            point = resume.resume_point(trainer.default_local_dir, tracking.last_logged_step())
+        set_aside = ([tracker] if tracker else []) + point.set_aside
+        if set_aside:
+            for line in set_aside:
+                print(f"pdmask: {line}", flush=True)
+            tracking.tag_run({"pdm.verl.checkpoint_set_aside": "; ".join(set_aside)})
+        if point.unlogged:
+            tracking.tag_run({"pdm.verl.unlogged_steps": ",".join(map(str, point.unlogged))})
+        if not point.folder:
             return super()._load_checkpoint()
-        folder, unlogged = resume.resume_point(trainer.default_local_dir, last)
-        if unlogged:
-            tracking.tag_run({"pdm.verl.unlogged_steps": ",".join(map(str, unlogged))})
-        if not folder:
-            return super()._load_checkpoint()
-        print(f"pdmask: resuming from {folder}, the last step logged in MLflow", flush=True)
+        folder = point.folder
+        print(f"pdmask: resuming from {folder}: the newest whole checkpoint of logged steps", flush=True)
         tracking.tag_run({"pdm.verl.resumed_from": folder})
         # verl's v1 trainer loads the checkpoint in init() and logs the config as MLflow params
         # later, in fit(): the config must be the first attempt's again by then, or the retry's
