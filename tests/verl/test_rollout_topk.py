@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import namedtuple
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -24,8 +25,15 @@ from pdmask.backends.verl.layout import (
 from pdmask.backends.verl.vllm_topk import extract_decode_topk, rows_from_arrays
 from pdmask.errors import BackendUnavailable
 
+
 # vLLM's Logprob as it arrives in RequestOutput.outputs[0].logprobs (one dict per generated token).
-Logprob = namedtuple("Logprob", "logprob rank decoded_token")
+@dataclass(frozen=True)
+class Logprob:
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
 K = 3
 # Recorded shape of a K=3 generation of 4 tokens [11, 42, 7, 5]:
 TOKENS = [11, 42, 7, 5]
@@ -163,22 +171,30 @@ def _front_end():
 
 def test_front_end_keeps_a_marked_requests_arrays_and_builds_only_the_sampled_dict():
     processor_cls, params_cls = _front_end()
-    vllm_shims.install_front_end(processor_cls, _Lists, params_cls)
-    vllm_shims.install_front_end(processor_cls, _Lists, params_cls)  # idempotent
+    vllm_shims.install_front_end(processor_cls, _Lists, params_cls, Logprob)
+    vllm_shims.install_front_end(processor_cls, _Lists, params_cls, Logprob)  # idempotent
 
     def request(extra_args):
         return SimpleNamespace(sampling_params=SimpleNamespace(logprobs=K, extra_args=extra_args))
 
     def run(processor):
+        processor.cumulative_logprob = 0.0
         for rows in (slice(0, 2), slice(2, 3)):
-            processor._update_sample_logprobs(_Lists(STEP_IDS[rows], STEP_LPS[rows], np.zeros(1)))
+            ranks = np.arange(rows.start, rows.stop) + 1
+            processor._update_sample_logprobs(_Lists(STEP_IDS[rows], STEP_LPS[rows], ranks))
         return processor
 
     plain = run(processor_cls.from_new_request(None, request(None)))
     assert plain.seen == [K + 1, K + 1] and not isinstance(plain.logprobs, vllm_shims.TopKRows)
     marked = run(processor_cls.from_new_request(None, request({vllm_shims.ROWS_ARG: K})))
-    assert marked.seen == [1, 1], "vLLM builds the sampled token's dict only"
-    assert [list(d) for d in marked.logprobs] == [[11], [42], [7]]  # what verl reads
+    assert marked.seen == [], "vLLM's own update (a dict and a text per column) never ran"
+    # what verl reads: the sampled token's log-prob per position, its rank, no text
+    assert marked.logprobs == [
+        {11: Logprob(float(np.float32(-0.2)), 1, None)},
+        {42: Logprob(-5.5, 2, None)},
+        {7: Logprob(float(np.float32(-0.01)), 3, None)},
+    ]
+    assert marked.cumulative_logprob == sum(float(v) for v in STEP_LPS[:, 0])
     # through verl's extract_prompt_logprobs: the rows from the arrays
     fake_module = SimpleNamespace(
         SamplingParams=lambda **kw: kw, extract_prompt_logprobs=lambda output, n, result: None
@@ -210,10 +226,11 @@ def test_front_end_refuses_to_start_when_vllms_internals_moved():
 
     processor_cls._update_sample_logprobs = update
     with pytest.raises(BackendUnavailable) as err:
-        vllm_shims.install_front_end(processor_cls, namedtuple("L", "ids lps"), object)
+        vllm_shims.install_front_end(processor_cls, namedtuple("L", "ids lps"), object, object)
     message = str(err.value)
     assert "_update_sample_logprobs(self, logprobs_lists)" in message
     assert "LogprobsLists(" in message and "SamplingParams.extra_args" in message
+    assert "Logprob(logprob, rank, decoded_token)" in message
 
 
 def test_sequence_rows_put_response_tokens_at_row_p_minus_1_plus_j():

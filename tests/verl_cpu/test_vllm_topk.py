@@ -154,8 +154,8 @@ def test_a_request_above_the_engine_cap_is_refused(probe):
 
 def test_the_arrays_path_equals_vllms_own_logprobs(probe):
     """The same requests (same seed) on pdmask's arrays path: the rows equal those read from vLLM's
-    own Logprob dicts, bit for bit (the same float32 numbers, no arithmetic between), and vLLM
-    builds verl only the sampled token's dict, with slot K's value."""
+    own Logprob dicts, bit for bit (the same float32 numbers, no arithmetic between), and verl
+    gets only the sampled token's dict, with slot K's value, vLLM's rank and cumulative log-prob."""
     assert len(probe["arrays"]) == len(probe["plain"]) > 0
     for plain, fast in zip(probe["plain"], probe["arrays"], strict=True):
         assert fast["token_ids"] == plain["token_ids"], "the same seed samples the same tokens"
@@ -167,3 +167,6 @@ def test_the_arrays_path_equals_vllms_own_logprobs(probe):
         ):
             assert [tid for tid, _, _ in position] == [y]
             assert np.float32(position[0][1]) == lps[j, K]
+            # the sampled token's rank as vLLM's own dict gives it (its text is not built)
+            assert position[0][2] == dict((t, r) for t, _, r in plain["logprobs"][j])[y]
+        assert fast["cumulative_logprob"] == plain["cumulative_logprob"]

@@ -33,6 +33,7 @@ def _completions(outputs) -> list[dict]:
             "prompt_ids": list(out.prompt_token_ids),
             "token_ids": list(c.token_ids),
             "logprobs": [_entries(p) for p in c.logprobs],
+            "cumulative_logprob": c.cumulative_logprob,
         }
         for out in outputs
         for c in out.outputs
@@ -42,13 +43,14 @@ def _completions(outputs) -> list[dict]:
 def _arrays(llm, prompts, params, k: int) -> list[dict]:
     """The same requests through pdmask's arrays path (same seed: the same samples)."""
     from vllm import SamplingParams
+    from vllm.logprobs import Logprob
     from vllm.v1.engine.logprobs import LogprobsProcessor
     from vllm.v1.outputs import LogprobsLists
 
     from pdmask.backends.verl import vllm_shims
     from pdmask.backends.verl.vllm_topk import rows_from_arrays
 
-    vllm_shims.install_front_end(LogprobsProcessor, LogprobsLists, SamplingParams)
+    vllm_shims.install_front_end(LogprobsProcessor, LogprobsLists, SamplingParams, Logprob)
     marked = params.clone()
     marked.extra_args = {vllm_shims.ROWS_ARG: k}
     found = []
@@ -59,6 +61,7 @@ def _arrays(llm, prompts, params, k: int) -> list[dict]:
                 {
                     "token_ids": list(c.token_ids),
                     "sampled_dicts": [_entries(p) for p in c.logprobs],  # what verl reads
+                    "cumulative_logprob": c.cumulative_logprob,
                     "ids": ids.tolist(),
                     "logprobs": lps.tolist(),
                 }

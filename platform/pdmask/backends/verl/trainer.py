@@ -94,7 +94,10 @@ class PDMTrainerSync(PPOTrainerSync):
         if not point.folder:
             return super()._load_checkpoint()
         folder = point.folder
-        print(f"pdmask: resuming from {folder}: the newest whole checkpoint of logged steps", flush=True)
+        print(
+            f"pdmask: resuming from {folder}: the newest whole checkpoint of logged steps",
+            flush=True,
+        )
         tracking.tag_run({"pdm.verl.resumed_from": folder})
         # verl's v1 trainer loads the checkpoint in init() and logs the config as MLflow params
         # later, in fit(): the config must be the first attempt's again by then, or the retry's

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ray
 from verl.workers.rollout.vllm_rollout import vllm_async_server
 from verl.workers.rollout.vllm_rollout.vllm_async_server import vLLMHttpServer, vLLMReplica
+from vllm.logprobs import Logprob
 from vllm.sampling_params import SamplingParams
 from vllm.v1.engine.logprobs import LogprobsProcessor
 from vllm.v1.outputs import LogprobsLists
@@ -31,7 +32,7 @@ _missing = compat.vllm_server_missing_names()
 if _missing:
     raise BackendUnavailable("verl hooks used by pdmask are missing: " + ", ".join(_missing))
 vllm_shims.install(vllm_async_server)
-vllm_shims.install_front_end(LogprobsProcessor, LogprobsLists, SamplingParams)
+vllm_shims.install_front_end(LogprobsProcessor, LogprobsLists, SamplingParams, Logprob)
 
 
 def topk_setting(config) -> int | None:

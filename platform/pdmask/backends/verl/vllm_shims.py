@@ -12,12 +12,14 @@ pdmask's server subclass marked (a context variable, so concurrent requests do n
   verl passes to the agent loop untouched.
 
 vLLM's front end (``LogprobsProcessor``) would turn each generated token's K+1 log-probs into a
-dict of ``Logprob`` objects (~100 us per token at K = 20 on a CPU core, in the serving process).
-For a marked request two more wraps keep the engine core's ``(n, K+1)`` arrays per step instead
-and hand vLLM only the sampled token's column, so its per-token work is what ``logprobs=0``
-costs (verl still reads the sampled token's log-prob from that dict). Read in vLLM 0.24.0's wheel
-and 0.31's CPU build: ``from_new_request`` and ``_update_sample_logprobs`` are the same there;
-:func:`install_front_end` refuses to start if they moved.
+dict of ``Logprob`` objects, each token's text decoded (~100 us per token at K = 20 on a CPU core,
+in the serving process). For a marked request two more wraps keep the engine core's ``(n, K+1)``
+arrays per step instead and build only what verl reads: the sampled token's ``Logprob`` per
+position (column 0 of the arrays, with its rank), without its text, and the cumulative log-prob.
+Decoding that one token's text per position, as ``logprobs=0`` does, was a third of the serving
+process's time on the tiny model (py-spy); nothing of verl's reads it. Read in vLLM 0.24.0's
+wheel and 0.31's CPU build: ``from_new_request``, ``_update_sample_logprobs`` and ``Logprob`` are
+the same there; :func:`install_front_end` refuses to start if they moved.
 
 Pure: no vllm import here (the wrapped originals are passed in), so it is tested on CPU.
 """
@@ -97,33 +99,44 @@ def install(module) -> None:
         module.extract_prompt_logprobs = extract_with_topk(module.extract_prompt_logprobs)
 
 
-def front_end_patches(from_new_request: Callable, update_sample_logprobs: Callable):
+def front_end_patches(
+    from_new_request: Callable, update_sample_logprobs: Callable, logprob_cls: type
+):
     """Wrapped ``LogprobsProcessor.from_new_request`` and ``_update_sample_logprobs``: a marked
-    request's processor fills a :class:`TopKRows` and sees only the sampled token's column."""
+    request's processor fills a :class:`TopKRows` with the sampled token's ``logprob_cls`` per
+    position and keeps the arrays; vLLM's own update runs for every other request."""
 
     def new_request(cls, tokenizer, request):
         processor = from_new_request(tokenizer, request)
         extra = request.sampling_params.extra_args or {}
         if extra.get(ROWS_ARG) and processor.logprobs is not None:
             processor.logprobs = TopKRows()
-            processor.num_logprobs = 0  # vLLM builds the sampled token's dict only
+            processor.num_logprobs = 0  # what verl's logprobs=0 asks for: the sampled token
         return processor
 
     def update(self, logprobs_lists):
-        if isinstance(self.logprobs, TopKRows):
-            ids, lps = logprobs_lists.logprob_token_ids, logprobs_lists.logprobs
-            self.logprobs.steps.append((ids, lps))
-            logprobs_lists = logprobs_lists._replace(
-                logprob_token_ids=ids[:, :1], logprobs=lps[:, :1]
-            )
-        return update_sample_logprobs(self, logprobs_lists)
+        rows = self.logprobs
+        if not isinstance(rows, TopKRows):
+            return update_sample_logprobs(self, logprobs_lists)
+        ids, lps = logprobs_lists.logprob_token_ids, logprobs_lists.logprobs
+        rows.steps.append((ids, lps))
+        sampled = zip(  # the engine puts the sampled token in column 0
+            ids[:, 0].tolist(),
+            lps[:, 0].tolist(),
+            logprobs_lists.sampled_token_ranks.tolist(),
+            strict=True,
+        )
+        for token_id, logprob, rank in sampled:
+            self.cumulative_logprob += logprob
+            rows.append({token_id: logprob_cls(logprob=logprob, rank=rank, decoded_token=None)})
+        return None
 
     new_request.pdmask_wrapped = from_new_request
     update.pdmask_wrapped = update_sample_logprobs
     return classmethod(new_request), update
 
 
-def install_front_end(processor_cls, lists_cls, sampling_params_cls) -> None:
+def install_front_end(processor_cls, lists_cls, sampling_params_cls, logprob_cls) -> None:
     """Wrap vLLM's ``LogprobsProcessor`` (idempotent); refuses, naming each, if the internals this
     relies on moved (a newer vLLM must be read again, not silently run on the dict path)."""
     if hasattr(processor_cls._update_sample_logprobs, "pdmask_wrapped"):
@@ -142,10 +155,14 @@ def install_front_end(processor_cls, lists_cls, sampling_params_cls) -> None:
         moved.append("LogprobsLists(logprob_token_ids, logprobs, sampled_token_ranks)")
     if "extra_args" not in getattr(sampling_params_cls, "__annotations__", {}):
         moved.append("SamplingParams.extra_args")
+    if not {"logprob", "rank", "decoded_token"} <= set(getattr(logprob_cls, "__annotations__", {})):
+        moved.append("Logprob(logprob, rank, decoded_token)")
     if moved:
         raise BackendUnavailable(
             "vLLM's front end moved; pdmask's top-K arrays rely on: " + ", ".join(moved)
         )
-    new_request, wrapped_update = front_end_patches(processor_cls.from_new_request, update)
+    new_request, wrapped_update = front_end_patches(
+        processor_cls.from_new_request, update, logprob_cls
+    )
     processor_cls.from_new_request = new_request
     processor_cls._update_sample_logprobs = wrapped_update
