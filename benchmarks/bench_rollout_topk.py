@@ -19,7 +19,9 @@ the sampled token's log-prob only); K = 20 asks vLLM for the top-20 and returns 
 - ``arrays`` (after, what VeRL jobs run): the front end keeps the engine core's arrays
   (``vllm_shims.install_front_end``) and ``rows_from_arrays`` slices them.
 
-Each round runs the same prompts in every configuration, in rotating order, and every output is
+Each round runs the same prompts in every configuration, in rotating order, the serving process's
+garbage collected before each timed batch (the objects path's would otherwise be billed to the
+next configuration), and every output is
 checked (K+1 columns at K = 20 with the sampled id in slot K, none at K = 0) so that a silent
 no-op cannot pass for a fast path.
 
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import statistics
@@ -201,6 +204,9 @@ async def measure(engine_kwargs: dict, prompts: int, tokens: int, repeats: int, 
         labels = list(runs)
         for r in range(repeats):
             for label in labels[r % len(labels) :] + labels[: r % len(labels)]:  # rotate the order
+                # The objects path leaves millions of Python objects: collected here, outside the
+                # timing, or their collection is billed to whichever batch runs next.
+                gc.collect()
                 cpu0, eng0 = time.process_time(), _engine_cpu_seconds(engine_pids)
                 t0 = time.perf_counter()
                 outputs = await _batch(servers, runs[label], batch, tokens, f"r{r}")
