@@ -21,9 +21,8 @@ the sampled token's log-prob only); K = 20 asks vLLM for the top-20 and returns 
 
 Each round runs the same prompts in every configuration, in rotating order, the serving process's
 garbage collected before each timed batch (the objects path's would otherwise be billed to the
-next configuration), and every output is
-checked (K+1 columns at K = 20 with the sampled id in slot K, none at K = 0) so that a silent
-no-op cannot pass for a fast path.
+next configuration), and every output is checked (K+1 columns at K = 20 with the sampled id in
+slot K, none at K = 0) so that a silent no-op cannot pass for a fast path.
 
 Printed per model and K: generated tokens/s (median of the rounds), CPU microseconds per generated
 token in the serving process (the one holding the server and vLLM's front end, where log-probs
