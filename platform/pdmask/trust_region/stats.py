@@ -209,11 +209,9 @@ def compute_token_stats(
     # their own dtype); elsewhere the torch ops below, on the pass's outputs.
     kernels = logits_pass.fused_kernels(flat_logits, chunk_size)
     if kernels is not None and kernels.FUSED_STATISTICS and shard is None and support == "union":
-        from .triton_stats import fused_token_stats
-
         return _fused_stats(
-            fused_token_stats, flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1),
-            vocab, batch_shape, inputs,
+            flat_logits, sampled, topk_ids, topk_lp, mu_sampled_logprob.reshape(-1), vocab,
+            batch_shape, inputs,
         )  # fmt: skip
     mu_k_logp = mu_sampled_logprob.reshape(-1).to(cdt)
     zero = torch.zeros((), dtype=cdt, device=flat_logits.device)
@@ -345,9 +343,9 @@ def compute_token_stats(
     )
 
 
-def _fused_stats(fused, logits, sampled, topk_ids, topk_lp, mu_k, vocab, batch_shape, inputs):
-    """``compute_token_stats`` by the kernels' own statistics (``fused``: one kernel forward,
-    one backward, nothing read back to the host; ``triton_stats``). An id at or beyond the
+def _fused_stats(logits, sampled, topk_ids, topk_lp, mu_k, vocab, batch_shape, inputs):
+    """``compute_token_stats`` by the kernels' own statistics (``triton_stats``: one kernel
+    forward, one backward, nothing read back to the host). An id at or beyond the
     logits' width is an invalid slot here: ``support.check_topk_ids`` runs where the ids enter
     (the VeRL worker, once per step), not inside the pass."""
     if topk_ids is not None and topk_ids.shape[-1] > 0:
@@ -355,7 +353,9 @@ def _fused_stats(fused, logits, sampled, topk_ids, topk_lp, mu_k, vocab, batch_s
             raise ValueError("mu_topk_logprobs must be given with the same shape as mu_topk_ids")
     else:
         topk_ids = topk_lp = None
-    out = fused(
+    from .triton_stats import fused_token_stats  # imports triton: only where the kernels run
+
+    out = fused_token_stats(
         logits, sampled, topk_ids, topk_lp, mu_k,
         second_order=SECOND_ORDER in inputs, entropy=ENTROPY in inputs,
         support_grad=SUPPORT_LOG_PROBS in inputs,

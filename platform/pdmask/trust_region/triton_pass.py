@@ -33,7 +33,7 @@ Status: the two kernels ran on an H200 (benchmarks/RESULTS.md); the one-kernel b
 ``triton_stats`` have run in the interpreter and compiled for Hopper only (GPU-unverified).
 ``TRITON_INTERPRET=1`` (set before triton is imported) runs both kernels on CPU tensors in
 Triton's interpreter, which is how the tests hold them to float64 on machines without a GPU;
-``compile_for`` compiles them for a GPU architecture without one.
+``triton_stats.compile_for`` compiles them, with its own, for a GPU architecture without one.
 """
 
 from __future__ import annotations
@@ -268,7 +268,7 @@ def sampled_backward(logits, sampled, lse, grad_logp):
     return backward(logits, sampled, None, lse, None, None, grad_logp, None, None, None)
 
 
-# Argument types as Triton's compiler takes them (bf16 logits), for ``compile_for``.
+# Argument types as Triton's compiler takes them (bf16 logits), for ``triton_stats.compile_for``.
 _SIGNATURES = {
     "_forward": (
         {
@@ -317,11 +317,3 @@ def compile_kernels(
         compiled = triton.compile(source, target=target, options={"num_warps": num_warps})
         stages[name] = list(compiled.asm)
     return stages
-
-
-def compile_for(arch: int = 90) -> dict[str, list[str]]:
-    """This module's two kernels through ``compile_kernels`` (``triton_stats.compile_for`` adds
-    its own)."""
-    return compile_kernels(
-        {name: (globals()[name], *spec) for name, spec in _SIGNATURES.items()}, arch
-    )

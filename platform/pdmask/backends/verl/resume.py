@@ -70,7 +70,10 @@ def tracked_step(folder: str) -> int | None:
 
 def kept_checkpoints(folder: str) -> dict[int, str]:
     """step -> path of the complete checkpoints in ``folder`` (none past verl's tracker)."""
-    latest = tracked_step(folder)
+    return _steps_up_to(folder, tracked_step(folder))
+
+
+def _steps_up_to(folder: str, latest: int | None) -> dict[int, str]:
     try:
         names = os.listdir(folder) if latest is not None else []
     except OSError:
@@ -100,10 +103,10 @@ def resume_point(folder: str, last_logged: int | None) -> ResumePoint:
     """The newest whole kept checkpoint at or before the run's last logged step (verl's own
     choice where that is the tracker's); damaged ones moved aside first. ``last_logged`` None
     (no run yet, or its store unreadable): the newest whole one."""
-    kept = kept_checkpoints(folder)
+    tracked = tracked_step(folder)  # verl loads this step's folder, if it is there
+    kept = _steps_up_to(folder, tracked)
     if not kept:
         return ResumePoint(None)
-    tracked = tracked_step(folder)  # verl loads this step's folder, if it is there
     set_aside = []
     for step in sorted(kept, reverse=True):
         if why := damage(kept[step]):

@@ -49,8 +49,9 @@ topk_from_dicts: contextvars.ContextVar[bool] = contextvars.ContextVar(
 
 
 class TopKRows(list):
-    """A marked request's sample log-probs in vLLM: the sampled token's dict per position (the
-    list vLLM fills, as at ``logprobs=0``) plus ``steps``, the engine core's arrays per step."""
+    """A marked request's sample log-probs in vLLM: the sampled token's dict per position (what
+    verl reads, filled by :func:`front_end_patches`) plus ``steps``, the engine core's arrays per
+    step."""
 
     def __init__(self):
         super().__init__()
