@@ -1,8 +1,9 @@
 """What mu's top-K costs the rollout: verl's vLLM server path at K = 0 and K = 20, side by side.
 
     python benchmarks/bench_rollout_topk.py [--sizes tiny,small] [--dtype bfloat16]
-                                            [--prompts 64] [--tokens 32] [--repeats 5]
+                                            [--prompts 64] [--tokens 32] [--repeats 9]
                                             [--topk-path objects,arrays] [--device cpu]
+                                            [--threads 1]
 
 The requests go through ``TopKvLLMHttpServer.generate`` -- verl 0.9.1's ``vLLMHttpServer.generate``
 with pdmask's shims, the method a VeRL job's agent loop calls -- on vLLM's ``AsyncLLM`` with its
@@ -19,9 +20,10 @@ the sampled token's log-prob only); K = 20 asks vLLM for the top-20 and returns 
 - ``arrays`` (after, what VeRL jobs run): the front end keeps the engine core's arrays
   (``vllm_shims.install_front_end``) and ``rows_from_arrays`` slices them.
 
-Each round runs the same prompts in every configuration, in rotating order, the serving process's
-garbage collected before each timed batch (the objects path's would otherwise be billed to the
-next configuration), and every output is checked (K+1 columns at K = 20 with the sampled id in
+The serving process's startup heap is frozen after the warm-up, as in verl's server (vLLM's app
+lifespan freezes it). Each round runs the same prompts in every configuration, in rotating order,
+the serving process's garbage collected before each timed batch (the objects path's would otherwise
+be billed to the next configuration), and every output is checked (K+1 columns at K = 20 with the sampled id in
 slot K, none at K = 0) so that a silent no-op cannot pass for a fast path.
 
 Printed per model and K: generated tokens/s (median of the rounds), CPU microseconds per generated
@@ -31,7 +33,8 @@ sampler), each path's K = 20 / K = 0 ratio of tokens/s (median of the per-round 
 range),
 the Python memory one batch's outputs hold and its peak while the batch runs (``tracemalloc``, one
 more batch each, untimed), and each process's peak RSS. Each model runs in its own process (vLLM
-keeps engine state per process). ``tiny`` is the verl-smoke model (0.36 M parameters); ``small``
+keeps engine state per process); on CPU its processes run one torch thread each unless
+``--threads`` says otherwise (``_child_env``). ``tiny`` is the verl-smoke model (0.36 M parameters); ``small``
 a random ~110 M Qwen3 on its tokenizer (``bench_vllm_cpu.build_model``).
 """
 
@@ -198,6 +201,12 @@ async def measure(engine_kwargs: dict, prompts: int, tokens: int, repeats: int, 
         batch = [[1, 5 + i % 50, 7, 9 + i % 30, 3] for i in range(prompts)]
         for config in runs.values():  # warm-up: the first log-probs call, each batch shape
             _check(await _batch(servers, config, batch[:4], tokens, "warm"), config[0], tokens)
+        # verl's server process has its startup heap frozen: vLLM's app lifespan freezes it when
+        # verl's run_server starts uvicorn (vllm.utils.gc_utils.freeze_gc_heap). Unfrozen, each
+        # full collection walks the ~0.8 M objects of the imports, ~0.5 s on this machine, a dozen
+        # times a minute: pauses longer than a batch, which no job has.
+        gc.collect()
+        gc.freeze()
         engine_pids = _descendants(os.getpid())
         rounds = {label: [] for label in runs}
         labels = list(runs)
@@ -300,6 +309,18 @@ def _child(args) -> int:
     return 0
 
 
+def _child_env(args) -> dict:
+    """The child's environment; vLLM's engine processes inherit it. On CPU, one torch thread each
+    by default: three busy processes share this machine's two cores, and a worker with two OpenMP
+    threads waits at every parallel region for whichever thread was preempted, which spread the
+    rounds 2-3x and bought no speed (the small model: 1,295 tokens/s with two, 1,289 with one).
+    A GPU node gives every process cores of its own."""
+    env = dict(os.environ)
+    if args.device == "cpu" and args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -309,7 +330,13 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
     parser.add_argument("--prompts", type=int, default=64, help="concurrent requests per batch")
     parser.add_argument("--tokens", type=int, default=32, help="generated tokens per request")
-    parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds")
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved rounds")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU: torch threads per process (OMP_NUM_THREADS); 0 leaves torch's default, all cores",
+    )
     parser.add_argument(
         "--topk-path",
         default=",".join(PATHS),
@@ -328,9 +355,10 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(Path(__file__).parent))
     from bench_vllm_cpu import build_model
 
+    threads = f"{args.threads} torch thread(s) per process" if args.threads else "torch's threads"
     print(f"verl's vLLM server path on vLLM ({args.device}), {args.dtype}, {args.prompts} requests x "
-          f"{args.tokens} tokens, K = 0 vs {K} ({args.topk_path}), {args.repeats} interleaved rounds; "
-          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+          f"{args.tokens} tokens, K = 0 vs {K} ({args.topk_path}), {args.repeats} interleaved rounds, "
+          f"{threads if args.device == 'cpu' else 'GPU'}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     records = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
@@ -340,7 +368,7 @@ def main(argv=None) -> int:
                  "--device", args.device,
                  "--prompts", str(args.prompts), "--tokens", str(args.tokens),
                  "--repeats", str(args.repeats), "--topk-path", args.topk_path],
-                capture_output=True, text=True, timeout=3600,
+                capture_output=True, text=True, timeout=3600, env=_child_env(args),
             )  # fmt: skip
             if done.returncode != 0:
                 print(f"{size}: failed\n{done.stderr[-3000:]}")
@@ -349,7 +377,7 @@ def main(argv=None) -> int:
             print_table(size, summary, args.prompts * args.tokens)
             records[size] = summary
     print(json.dumps({"bench": "rollout_topk", "k": K, "device": args.device, "dtype": args.dtype,
-                      "sizes": records}))  # fmt: skip
+                      "threads": args.threads, "sizes": records}))  # fmt: skip
     return 0
 
 

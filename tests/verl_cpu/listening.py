@@ -67,6 +67,7 @@ class ListenWatch:
         self.seen: dict[str, set[str]] = {}  # address -> process names
         # pid -> every title it had (Ray's workers start as ray::IDLE, then take their actor's)
         self.titles: dict[int, set[str]] = {}
+        self.parents: dict[int, int] = {}  # pid -> its parent when first seen
         self.samples = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -84,6 +85,8 @@ class ListenWatch:
             pids = tree_of(self.root_pid)
             for pid in pids:
                 self.titles.setdefault(pid, set()).add(process_title(pid))
+                if pid not in self.parents:
+                    self.parents[pid] = parent_of(pid)
             for pid, addresses in listening(pids).items():
                 name = process_name(pid)
                 for address in addresses:
@@ -91,8 +94,11 @@ class ListenWatch:
             self.samples += 1
 
     def pids_titled(self, prefix: str) -> set[int]:
-        """The processes that had a title starting with ``prefix``."""
-        return {p for p, titles in self.titles.items() if any(t.startswith(prefix) for t in titles)}
+        """The processes that had a title starting with ``prefix``, less their forks: a child
+        forked by such a process shows its parent's title until it runs a program of its own
+        (a library starting a subprocess), and is its parent's, not a process of that kind."""
+        titled = {p for p, titles in self.titles.items() if any(t.startswith(prefix) for t in titles)}
+        return {p for p in titled if self.parents.get(p) not in titled}
 
     def beyond_loopback(self) -> dict[str, set[str]]:
         return {a: names for a, names in self.seen.items() if not is_loopback(a)}
@@ -103,6 +109,13 @@ def process_name(pid: int) -> str:
     with contextlib.suppress(OSError), open(f"/proc/{pid}/comm") as fh:
         return fh.read().strip()
     return str(pid)
+
+
+def parent_of(pid: int) -> int | None:
+    """The process's parent pid, or None once it is gone."""
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+    return None
 
 
 def process_title(pid: int) -> str:

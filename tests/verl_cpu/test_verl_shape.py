@@ -127,8 +127,10 @@ def test_both_ranks_trained(shape):
     per_rank = dict(_steps(shape, "global_seqlen/mean"))
     assert sorted(total) == list(range(1, STEPS + 1))
     assert all(per_rank[s] * RANKS == total[s] for s in total), (per_rank, total)
-    workers = shape["watch"].pids_titled("ray::WorkerDict")
-    assert len(workers) == RANKS, f"training worker processes: {workers}"
+    watch = shape["watch"]
+    workers = watch.pids_titled("ray::WorkerDict")
+    seen = {p: (watch.parents.get(p), sorted(watch.titles[p])) for p in workers}
+    assert len(workers) == RANKS, f"training worker processes (pid: parent, titles): {seen}"
 
 
 def test_the_mask_ran_on_the_moe_logits_at_every_step(shape):
