@@ -97,7 +97,9 @@ class ListenWatch:
         """The processes that had a title starting with ``prefix``, less their forks: a child
         forked by such a process shows its parent's title until it runs a program of its own
         (a library starting a subprocess), and is its parent's, not a process of that kind."""
-        titled = {p for p, titles in self.titles.items() if any(t.startswith(prefix) for t in titles)}
+        titled = {
+            p for p, titles in self.titles.items() if any(t.startswith(prefix) for t in titles)
+        }
         return {p for p in titled if self.parents.get(p) not in titled}
 
     def beyond_loopback(self) -> dict[str, set[str]]:
