@@ -22,9 +22,10 @@ the sampled token's log-prob only); K = 20 asks vLLM for the top-20 and returns 
 
 The serving process's startup heap is frozen after the warm-up, as in verl's server (vLLM's app
 lifespan freezes it). Each round runs the same prompts in every configuration, in rotating order,
-the serving process's garbage collected before each timed batch (the objects path's would otherwise
-be billed to the next configuration), and every output is checked (K+1 columns at K = 20 with the sampled id in
-slot K, none at K = 0) so that a silent no-op cannot pass for a fast path.
+the serving process's garbage collected before each timed batch (the objects path's would
+otherwise be billed to the next configuration), and every output is checked (K+1 columns at
+K = 20 with the sampled id in slot K, none at K = 0) so that a silent no-op cannot pass for a fast
+path.
 
 Printed per model and K: generated tokens/s (median of the rounds), CPU microseconds per generated
 token in the serving process (the one holding the server and vLLM's front end, where log-probs
@@ -34,8 +35,8 @@ range),
 the Python memory one batch's outputs hold and its peak while the batch runs (``tracemalloc``, one
 more batch each, untimed), and each process's peak RSS. Each model runs in its own process (vLLM
 keeps engine state per process); on CPU its processes run one torch thread each unless
-``--threads`` says otherwise (``_child_env``). ``tiny`` is the verl-smoke model (0.36 M parameters); ``small``
-a random ~110 M Qwen3 on its tokenizer (``bench_vllm_cpu.build_model``).
+``--threads`` says otherwise (``_child_env``). ``tiny`` is the verl-smoke model (0.36 M
+parameters); ``small`` a random ~110 M Qwen3 on its tokenizer (``bench_vllm_cpu.build_model``).
 """
 
 from __future__ import annotations
@@ -335,7 +336,7 @@ def main(argv=None) -> int:
         "--threads",
         type=int,
         default=1,
-        help="CPU: torch threads per process (OMP_NUM_THREADS); 0 leaves torch's default, all cores",
+        help="CPU: torch threads per process (OMP_NUM_THREADS); 0: torch's default, all cores",
     )
     parser.add_argument(
         "--topk-path",
@@ -356,9 +357,10 @@ def main(argv=None) -> int:
     from bench_vllm_cpu import build_model
 
     threads = f"{args.threads} torch thread(s) per process" if args.threads else "torch's threads"
-    print(f"verl's vLLM server path on vLLM ({args.device}), {args.dtype}, {args.prompts} requests x "
-          f"{args.tokens} tokens, K = 0 vs {K} ({args.topk_path}), {args.repeats} interleaved rounds, "
-          f"{threads if args.device == 'cpu' else 'GPU'}; load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    print(f"verl's vLLM server path on vLLM ({args.device}), {args.dtype}, {args.prompts} requests "
+          f"x {args.tokens} tokens, K = 0 vs {K} ({args.topk_path}), {args.repeats} interleaved "
+          f"rounds, {threads if args.device == 'cpu' else 'GPU'}; "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
     records = {}
     with tempfile.TemporaryDirectory() as tmp:
         for size in sizes:
