@@ -7,7 +7,7 @@ import contextlib
 import os
 import threading
 
-from pdmask.orchestration.cluster.local_head import tree_of
+from pdmask.orchestration.cluster.local_head import _proc_stat, tree_of
 
 _LISTEN = "0A"
 
@@ -115,9 +115,8 @@ def process_name(pid: int) -> str:
 
 def parent_of(pid: int) -> int | None:
     """The process's parent pid, or None once it is gone."""
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/stat") as fh:
-        return int(fh.read().rsplit(")", 1)[1].split()[1])
-    return None
+    stat = _proc_stat(pid)
+    return None if stat is None else int(stat[1])
 
 
 def process_title(pid: int) -> str:
